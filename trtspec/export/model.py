@@ -1,0 +1,178 @@
+"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract.
+
+    forward(input_ids[T], position_ids[T], attn_mask[T, C+T], logit_rows[R], past[2L x (C, Hkv, D)])
+        -> logits[R, V] (float32), new_kv[2L x (T, Hkv, D)]
+
+The same call is a prefill chunk (causal mask), a one-token decode (T=1), a draft expansion of a
+frontier, or the verification of a whole token tree: the caller encodes the structure in the mask
+and in depth-based position ids. Only `logit_rows` reach the LM head, because a 150k-token vocabulary
+makes logits for every row the largest tensor of the step. The module names follow Hugging Face so
+HF state dicts load unchanged. Written with plain matmul/softmax so ONNX export uses standard ops.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .spec import ModelSpec, SpecError
+
+
+def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
+    """Inverse RoPE frequencies, with the config's rope scaling folded in (as transformers does)."""
+    d = spec.head_dim
+    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = spec.rope_scaling or {}
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear":
+        inv = inv / float(rs["factor"])
+    elif kind == "llama3":
+        factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+        old = float(rs["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        inv = torch.where(is_mid, mid, scaled)
+    else:
+        raise SpecError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+    return inv.float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, as the reference implementations do, so bf16 weights stay accurate.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.h, self.kv, self.d = h, kv, d
+        self.q_proj = nn.Linear(spec.hidden_size, h * d, bias=spec.attention_bias)
+        self.k_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
+        self.v_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
+        self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask_add, past_k, past_v):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.h, self.d)
+        k = self.k_proj(x).view(t, self.kv, self.d)
+        v = self.v_proj(x).view(t, self.kv, self.d)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys = torch.cat([past_k, k], 0)          # [C+T, Hkv, D]
+        values = torch.cat([past_v, v], 0)
+        # Grouped-query attention by broadcasting: q as [Hkv, G, T, D] against k as [Hkv, 1, S, D],
+        # so repeated KV heads are never materialised.
+        g = self.h // self.kv
+        qg = q.view(t, self.kv, g, self.d).permute(1, 2, 0, 3)
+        kg = keys.permute(1, 0, 2).unsqueeze(1)
+        vg = values.permute(1, 0, 2).unsqueeze(1)
+        scores = torch.matmul(qg, kg.transpose(-1, -2)).float() * (1.0 / math.sqrt(self.d)) + mask_add
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        out = torch.matmul(probs, vg)              # [Hkv, G, T, D]
+        out = out.permute(2, 0, 1, 3).reshape(t, self.h * self.d)
+        return self.o_proj(out), k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.self_attn = Attention(spec)
+        self.mlp = MLP(spec)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class Backbone(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """The step contract as a torch module (see the module docstring)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.model = Backbone(spec)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
+
+    def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor]):
+        x = self.model.embed_tokens(input_ids)                        # [T, hidden]
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [T, D/2], fp32 like HF
+        emb = torch.cat([freqs, freqs], -1).unsqueeze(1)              # [T, 1, D]
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        # Additive mask in fp32; a large finite negative keeps fully masked (padding) rows finite.
+        mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)
+        new_kv: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask_add, past[2 * i], past[2 * i + 1])
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            new_kv += [k, v]
+        x = self.model.norm(x.index_select(0, logit_rows))
+        return self.lm_head(x).float(), new_kv
+
+    @classmethod
+    @torch.no_grad()
+    def from_state(cls, spec: ModelSpec, state: dict[str, torch.Tensor], dtype: torch.dtype) -> "Decoder":
+        """Build from HF-named weights (lm_head may be absent when tied), cast to `dtype`.
+
+        Built on the meta device and assigned, so a 1.5B model never exists twice in memory."""
+        state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+        if spec.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        with torch.device("meta"):
+            model = cls(spec)
+        own = model.state_dict()
+        wanted = [k for k in own if not (spec.tie_word_embeddings and k == "lm_head.weight")]
+        missing = [k for k in wanted if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if missing or unexpected:
+            raise SpecError(f"checkpoint does not match the {spec.arch} layout: missing {missing[:4]}, "
+                            f"unexpected {unexpected[:4]}")
+        for k in wanted:
+            if tuple(own[k].shape) != tuple(state[k].shape):
+                raise SpecError(f"weight {k} has shape {tuple(state[k].shape)}, expected {tuple(own[k].shape)}")
+        model.load_state_dict({k: state[k].to(dtype) for k in wanted}, strict=False, assign=True)
+        if spec.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model.inv_freq = rope_inv_freq(spec)  # stays fp32 whatever the weight dtype
+        return model.eval().requires_grad_(False)

@@ -1,0 +1,86 @@
+"""ModelSpec: the architecture facts every stage needs (export, engines, runtime).
+
+One dataclass for Llama, Qwen2 and Mistral: they differ only in flags (attention bias, tied
+embeddings, rope scaling), so the decoder is one class and the loaders fill this in.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
+
+
+class SpecError(ValueError):
+    """A checkpoint or config that trtspec cannot use; the message names the problem and the fix."""
+
+
+@dataclass
+class ModelSpec:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.arch not in SUPPORTED_ARCHS:
+            raise SpecError(
+                f"unsupported architecture {self.arch!r}: trtspec supports {', '.join(SUPPORTED_ARCHS)} "
+                "decoder-only models; convert the checkpoint to one of them or pick another model")
+        if self.num_heads % self.num_kv_heads:
+            raise SpecError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
+        """Build from a Hugging Face config.json dict."""
+        model_type = cfg.get("model_type", "")
+        arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}.get(model_type)
+        if arch is None:
+            raise SpecError(
+                f"unsupported architecture {model_type!r} (config.json model_type): trtspec supports "
+                f"{', '.join(SUPPORTED_ARCHS)}")
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        rope_scaling = cfg.get("rope_scaling")
+        rope_theta = cfg.get("rope_theta")
+        params = cfg.get("rope_parameters")  # transformers >= 5 nests rope settings here
+        if isinstance(params, dict):
+            rope_theta = rope_theta or params.get("rope_theta")
+            if params.get("rope_type", "default") != "default":
+                rope_scaling = rope_scaling or params
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=rope_scaling,
+            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelSpec":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
