@@ -1,0 +1,68 @@
+"""DecodeState: one request's sequence, runners, sampling and stats, plus the shared target step.
+
+Every strategy ends a step the same way: build a TokenTree rooted at the last emitted token, call
+`verify_and_commit`, and (if it has a draft model) commit the draft's accepted rows. `ar` is the
+degenerate case of a one-node tree.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .runner import ModelRunner
+from .sampling import SamplingParams, probs_from_logits
+from .tree import TokenTree
+from .verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class StepStats:
+    tree_size: int
+    accepted: int            # drafted tokens accepted (the emitted count is accepted + 1)
+    draft_forwards: int
+    draft_seconds: float
+    verify_seconds: float
+
+
+@dataclass
+class DecodeState:
+    target: ModelRunner
+    draft: ModelRunner | None
+    sampling: SamplingParams
+    gen: torch.Generator
+    seq: np.ndarray                      # preallocated token buffer: prompt + output
+    length: int                          # valid tokens in seq
+    steps: list[StepStats] = field(default_factory=list)
+    draft_seconds: float = 0.0           # accumulated by the strategy for the current step
+
+    @property
+    def root(self) -> int:
+        return int(self.seq[self.length - 1])
+
+    def tokens(self) -> np.ndarray:
+        return self.seq[: self.length]
+
+    def append(self, toks: list[int]) -> None:
+        self.seq[self.length:self.length + len(toks)] = toks
+        self.length += len(toks)
+
+    def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probs_from_logits(logits, self.sampling)
+
+    def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0) -> list[int]:
+        """One target forward over `tree`, exact acceptance, KV commit. Returns the emitted tokens."""
+        t0 = time.perf_counter()
+        logits = self.target.verify(tree)
+        if self.sampling.greedy:
+            path, nxt = verify_greedy(tree, logits)
+        else:
+            path, nxt = verify_sampling(tree, probs_from_logits(logits, self.sampling), self.gen)
+        self.target.cache.commit(path.numpy())
+        emitted = tree.tokens[path[1:]].tolist() + [nxt]
+        self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds,
+                                    time.perf_counter() - t0))
+        self.draft_seconds = 0.0
+        return emitted

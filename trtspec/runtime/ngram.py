@@ -1,0 +1,50 @@
+"""NGramDrafter: the statistical bottom drafter (CS Drafting's MaG max-gram copy).
+
+Finds the longest suffix of the sequence (prompt + output) that occurred earlier and copies the
+tokens that followed it. Deterministic and free, so its proposals are verified with q = one-hot.
+An optional greedy bigram table (token -> most likely next token) fills in when nothing matches.
+Vectorized over candidate positions: one numpy comparison per suffix length tried.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+class NGramDrafter:
+    def __init__(self, max_ngram: int = 32, min_ngram: int = 1, occurrence: str = "latest",
+                 bigram: np.ndarray | None = None):
+        if occurrence not in ("latest", "earliest"):
+            raise ValueError("occurrence must be 'latest' or 'earliest'")
+        self.max_ngram, self.min_ngram, self.occurrence = max_ngram, min_ngram, occurrence
+        self.bigram = bigram
+
+    def match(self, seq: np.ndarray) -> int:
+        """End index of the chosen earlier occurrence of the longest matching suffix, or -1."""
+        n_seq = len(seq)
+        if n_seq < 2:
+            return -1
+        ends = np.flatnonzero(seq[:-1] == seq[-1])       # occurrences of the last token
+        n = 1
+        while n < self.max_ngram and n < n_seq - 1:
+            ok = ends >= n                                # room for one more token on the left
+            nxt = ends[ok][seq[ends[ok] - n] == seq[-1 - n]]
+            if nxt.size == 0:
+                break
+            ends, n = nxt, n + 1
+        if ends.size == 0 or n < self.min_ngram:
+            return -1
+        return int(ends.max() if self.occurrence == "latest" else ends.min())
+
+    def propose(self, seq: np.ndarray, k: int) -> list[int]:
+        out: list[int] = []
+        work = seq
+        while len(out) < k:
+            end = self.match(work)
+            if end < 0:
+                break
+            copied = work[end + 1:end + 1 + k - len(out)].tolist()
+            out += copied
+            work = np.concatenate([seq, np.asarray(out, dtype=seq.dtype)])
+        while self.bigram is not None and len(out) < k:
+            out.append(int(self.bigram[out[-1] if out else int(seq[-1])]))
+        return out

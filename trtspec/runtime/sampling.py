@@ -1,0 +1,50 @@
+"""Sampling parameters and the logits -> probabilities transform shared by target and drafts.
+
+Lossless means: emitted tokens are distributed exactly as the target's tokens would be under these
+same parameters (temperature, then top-k, then top-p), so both sides use this one function.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy
+    top_k: int = 0             # 0 = off
+    top_p: float = 1.0         # 1 = off
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[R, V] logits -> [R, V] float32 probabilities after temperature, top-k and top-p."""
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    x = logits.float() / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, order = torch.sort(x, dim=-1, descending=True)
+        cum = torch.softmax(sorted_x, -1).cumsum(-1)
+        drop_sorted = (cum - torch.softmax(sorted_x, -1)) >= params.top_p   # keep the token that crosses p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
