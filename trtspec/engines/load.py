@@ -1,0 +1,83 @@
+"""Engine folder -> Generator (verified manifest, engines for the chosen backend, tokenizer).
+
+`engines_for_config` is what `trtspec run --config` uses: build into the cache folder on first use
+(keyed by the config's digest), reuse after.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ..config import DTYPES, Config
+from ..export.model import Decoder
+from ..export.spec import ModelSpec
+from ..runtime.generator import Generator
+from .base import Engine
+from .manifest import EngineError, verify
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec"))
+
+
+def engines_for_config(cfg: Config, log=print) -> Path:
+    from .build import build_engines
+    folder = cache_root() / "engines" / f"{cfg.name}-{cfg.digest()}"
+    if (folder / "manifest.json").exists():
+        try:
+            verify(folder)
+            return folder
+        except EngineError as e:
+            log(f"cached engines unusable ({e}); rebuilding")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    log(f"building engines for {cfg.name} into {folder} (first use only)")
+    return build_engines(cfg, folder, force=True, log=log)
+
+
+def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int) -> Engine:
+    spec = ModelSpec.from_dict(info["spec"])
+    arts = info["artifacts"]
+    dtype = info["dtype"]
+    if backend == "torch":
+        state = load_file(str(folder / arts["weights"]))
+        model = Decoder.from_state(spec, state, DTYPES[dtype])
+        from .torch_engine import TorchEngine
+        return TorchEngine(model)
+    if backend == "onnxruntime":
+        from .onnxruntime_engine import OrtEngine
+        for key in ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"):
+            if key in arts:
+                return OrtEngine(folder / arts[key], spec, intra_op_threads=threads or None)
+        raise EngineError(f"{folder}: no ONNX model for {role} that ONNX Runtime on CPU can run (fp32/fp16); "
+                          "rebuild with --backend onnxruntime and build.onnx_dtypes: [fp32]")
+    if backend == "tensorrt":
+        plans = [k for k in arts if k.startswith("plan_")]
+        if not plans:
+            raise EngineError(f"{folder} has no TensorRT plan for {role}; build on a machine with TensorRT and "
+                              "a CUDA GPU: trtspec build --backend tensorrt ...")
+        raise EngineError("executing TensorRT plans is not implemented yet (plans are built, not run); "
+                          "run this folder with --backend onnxruntime or --backend torch")
+    raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
+
+
+def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None) -> Generator:
+    folder = Path(folder)
+    manifest = verify(folder)
+    cfg = Config.from_dict(manifest["config"])
+    backend = backend or cfg.backend
+    threads = cfg.threads if threads is None else threads
+    if threads:
+        torch.set_num_threads(threads)
+    models = manifest["models"]
+    target = load_engine(folder, "target", models["target"], backend, threads)
+    draft = load_engine(folder, "draft", models["draft"], backend, threads) if "draft" in models else None
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(folder / manifest["tokenizer"]))
+    gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
+                    stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies)
+    gen.config = cfg
+    gen.backend = backend
+    return gen

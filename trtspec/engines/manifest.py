@@ -1,0 +1,112 @@
+"""manifest.json: what an engine folder holds and proof that it is intact.
+
+It records the config, each model's spec and I/O contract, the tokenizer files, the versions of
+trtspec/torch/onnx/onnxruntime/tensorrt that built it, and the sha256 of every artifact. `verify`
+refuses a folder whose manifest is missing, of another contract version, or whose files differ.
+Hashing gigabytes on every run would cost seconds, so a verified hash is remembered in
+`.verified.json` against the file's size and mtime; any rewrite of the file changes those.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..export.contract import CONTRACT_VERSION
+
+FORMAT = "trtspec-engine"
+MANIFEST = "manifest.json"
+VERIFIED = ".verified.json"
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in ("trtspec", "torch", "onnx", "onnxruntime", "onnxruntime-gpu", "tensorrt", "transformers"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def write_manifest(folder: Path, content: dict[str, Any]) -> dict[str, Any]:
+    """Hash every file under `folder` and write manifest.json (content + files + versions)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, VERIFIED))
+    manifest = {
+        "format": FORMAT,
+        "contract_version": CONTRACT_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        **content,
+        "files": {p.relative_to(folder).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                  for p in files},
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def verify(folder: str | Path) -> dict[str, Any]:
+    """Return the manifest of an intact engine folder; raise EngineError naming the problem and fix."""
+    folder = Path(folder)
+    fix = f"rebuild it: trtspec build --config CONFIG --output {folder}"
+    if not folder.is_dir():
+        raise EngineError(f"engine folder {folder} does not exist; build one first: "
+                          f"trtspec build --config CONFIG --output {folder}")
+    path = folder / MANIFEST
+    if not path.exists():
+        raise EngineError(f"{folder} has no {MANIFEST}: it is not a trtspec engine folder (or its build did "
+                          f"not finish); {fix}")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{path} is not valid JSON ({e}); {fix}") from None
+    if manifest.get("format") != FORMAT:
+        raise EngineError(f"{path} is not a trtspec manifest; {fix}")
+    if manifest.get("contract_version") != CONTRACT_VERSION:
+        raise EngineError(f"{folder} was built for step contract v{manifest.get('contract_version')}, this "
+                          f"trtspec runs v{CONTRACT_VERSION}; {fix}")
+    cache_path = folder / VERIFIED
+    try:
+        seen = json.loads(cache_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        seen = {}
+    changed = False
+    for rel, info in manifest.get("files", {}).items():
+        p = folder / rel
+        if not p.is_file():
+            raise EngineError(f"{folder}: file {rel} listed in the manifest is missing; {fix}")
+        st = p.stat()
+        if st.st_size != info["bytes"]:
+            raise EngineError(f"{folder}: {rel} has {st.st_size} bytes, the manifest says {info['bytes']} "
+                              f"(truncated or modified); {fix}")
+        stamp = [st.st_size, st.st_mtime_ns, info["sha256"]]
+        if seen.get(rel) == stamp:
+            continue
+        if sha256_file(p) != info["sha256"]:
+            raise EngineError(f"{folder}: {rel} does not match its sha256 in the manifest (modified or "
+                              f"corrupted); {fix}")
+        seen[rel], changed = stamp, True
+    if changed:
+        try:
+            tmp = cache_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(seen))
+            os.replace(tmp, cache_path)
+        except OSError:
+            pass  # a read-only engine folder is fine: we just hash again next time
+    return manifest

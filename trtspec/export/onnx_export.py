@@ -1,0 +1,241 @@
+"""Export the Decoder step contract to ONNX (standard ops only, so TensorRT's parser reads the file).
+
+Graph interface (names are the contract every engine binds by):
+
+    inputs   input_ids int64 [new_tokens]          position_ids int64 [new_tokens]
+             attn_mask bool [new_tokens, total_len] (total_len = past_len + new_tokens)
+             logit_rows int64 [logit_rows]          past_key.{i} / past_value.{i} [past_len, Hkv, D]
+    outputs  logits float32 [logit_rows, V]         new_key.{i} / new_value.{i} [new_tokens, Hkv, D]
+
+KV tensors are in the model dtype (fp32 / fp16 / bf16). The exporter is torch.export-based
+(`dynamo=True`, the default since torch 2.9): it sees symbolic shapes rather than tracing sizes,
+its onnxscript optimizer folds the graph to plain Gemm/MatMul/Softmax, and tied embeddings are
+stored once. It needs opset >= 18. The legacy TorchScript exporter (deprecated, opset 17 capable)
+is kept as a fallback for when torch.export fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+
+import onnx
+import onnx.inliner
+import torch
+from torch import nn
+
+from .model import Decoder
+
+EXTERNAL_DATA_MIN_BYTES = 100 * 2**20   # above this, weights go to "<file>.data" (protobuf caps at 2 GB)
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+_TORCH_TO_ONNX = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
+                  torch.bfloat16: onnx.TensorProto.BFLOAT16}
+
+log = logging.getLogger(__name__)
+
+
+def io_names(num_layers: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) in graph order; KV interleaved per layer like `Decoder`'s lists."""
+    past = [f"past_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    new = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
+    return ["input_ids", "position_ids", "attn_mask", "logit_rows", *past], ["logits", *new]
+
+
+class _Step(nn.Module):
+    """Flat positional signature (one graph input per past tensor) around `Decoder.forward`."""
+
+    def __init__(self, model: Decoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids, attn_mask, logit_rows, *past):
+        logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, list(past))
+        return (logits, *new_kv)
+
+
+def _sample_inputs(model: Decoder, dtype: torch.dtype):
+    # Sizes >= 2 and pairwise distinct, so torch.export neither specialises a dim to 0/1 nor
+    # unifies two dims that merely happen to be equal in the example.
+    s, t, c = model.spec, 3, 5
+    return (torch.arange(t), torch.arange(c, c + t),
+            torch.ones(t, c + t, dtype=torch.bool).tril(c), torch.tensor([0, t - 1]),
+            *[torch.zeros(c, s.num_kv_heads, s.head_dim, dtype=dtype) for _ in range(2 * s.num_layers)])
+
+
+def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) -> None:
+    n_past = len(args) - 4
+    new, past, rows = torch.export.Dim("new_tokens"), torch.export.Dim("past_len", min=0), torch.export.Dim("logit_rows")
+    shapes = {"input_ids": {0: new}, "position_ids": {0: new},
+              # past_len + new_tokens is not expressible as a derived Dim; AUTO lets export find it.
+              "attn_mask": {0: new, 1: torch.export.Dim.AUTO},
+              "logit_rows": {0: rows}, "past": tuple({0: past} for _ in range(n_past))}
+    inputs, outputs = io_names(n_past // 2)
+    program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+                                input_names=inputs, output_names=outputs, verbose=False)
+    program.save(str(path), external_data=external)
+
+
+def _export_torchscript(step: _Step, args, path: Path, opset: int, external: bool) -> None:
+    inputs, outputs = io_names((len(args) - 4) // 2)
+    axes = {"input_ids": {0: "new_tokens"}, "position_ids": {0: "new_tokens"},
+            "attn_mask": {0: "new_tokens", 1: "total_len"}, "logit_rows": {0: "logit_rows"},
+            "logits": {0: "logit_rows"}}
+    axes.update({n: {0: "past_len"} for n in inputs[4:]})
+    axes.update({n: {0: "new_tokens"} for n in outputs[1:]})
+    torch.onnx.export(step, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
+                      output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
+    if external:  # the legacy exporter inlines weights up to 2 GB; move them out like the dynamo path
+        onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=path.name + ".data", size_threshold=1024)
+
+
+def _fix_interface(path: Path, model: Decoder, dtype: torch.dtype) -> None:
+    """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
+    reject non-standard domains. Loads only the graph, so external weights are untouched."""
+    s = model.spec
+    proto = onnx.load(str(path), load_external_data=False)
+    kv = _TORCH_TO_ONNX[dtype]
+    i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
+    want = {"input_ids": (i64, ["new_tokens"]), "position_ids": (i64, ["new_tokens"]),
+            "attn_mask": (b, ["new_tokens", "total_len"]), "logit_rows": (i64, ["logit_rows"]),
+            "logits": (onnx.TensorProto.FLOAT, ["logit_rows", s.vocab_size])}
+    inputs, outputs = io_names(s.num_layers)
+    want.update({n: (kv, ["past_len", s.num_kv_heads, s.head_dim]) for n in inputs[4:]})
+    want.update({n: (kv, ["new_tokens", s.num_kv_heads, s.head_dim]) for n in outputs[1:]})
+    g = proto.graph
+    got = [v.name for v in g.input], [v.name for v in g.output]
+    if got != (inputs, outputs):
+        raise RuntimeError(f"exported graph I/O {got} does not match the step contract {(inputs, outputs)}")
+    for v in [*g.input, *g.output]:
+        elem, dims = want[v.name]
+        if v.type.tensor_type.elem_type != elem:
+            raise RuntimeError(f"{v.name} exported as ONNX type {v.type.tensor_type.elem_type}, expected {elem}")
+        v.CopyFrom(onnx.helper.make_tensor_value_info(v.name, elem, dims))
+    if proto.functions:  # TensorRT's parser does not take local functions
+        proto = onnx.inliner.inline_local_functions(proto)
+    odd = sorted({n.domain for n in proto.graph.node if n.domain not in STANDARD_DOMAINS})
+    if odd:
+        raise RuntimeError(f"exported graph uses non-standard op domains {odd}; TensorRT cannot parse them")
+    onnx.save_model(proto, str(path))
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """The exporters' chatter is not actionable for users of this contract (axis-name sharing,
+    torchvision op registration, TorchScript deprecation); real failures still raise."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        for cat in (UserWarning, FutureWarning, DeprecationWarning, torch.jit.TracerWarning):
+            warnings.filterwarnings("ignore", category=cat)
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, lvl in zip(loggers, levels):
+                lg.setLevel(lvl)
+
+
+def export_onnx(model: Decoder, path: str | os.PathLike, opset: int = 18, exporter: str = "dynamo",
+                external_data: bool | None = None) -> Path:
+    """Write `model` (already cast to fp32/fp16/bf16) as an ONNX step graph at `path`; returns the path.
+
+    exporter: "dynamo" (torch.export, opset >= 18; falls back to "torchscript" if torch.export
+    fails) or "torchscript" (legacy, opset >= 17). external_data: None = only above 100 MB."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = model.model.embed_tokens.weight.dtype
+    if dtype not in _TORCH_TO_ONNX:
+        raise ValueError(f"model dtype {dtype} is not exportable; cast to float32, float16 or bfloat16")
+    if exporter not in ("dynamo", "torchscript"):
+        raise ValueError(f"exporter must be 'dynamo' or 'torchscript', not {exporter!r}")
+    if exporter == "dynamo" and opset < 18:
+        raise ValueError("the dynamo exporter emits opset >= 18 (its down-conversion to 17 fails on "
+                         "ReduceMean); pass opset=18+ or exporter='torchscript'")
+    if external_data is None:
+        external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_MIN_BYTES
+    for stale in (path, path.with_name(path.name + ".data")):  # never leave an old weight file behind
+        stale.unlink(missing_ok=True)
+
+    step = _Step(model.eval()).eval()
+    args = _sample_inputs(model, dtype)
+    t0 = time.perf_counter()
+    with torch.no_grad(), _quiet_exporter():
+        if exporter == "dynamo":
+            try:
+                _export_dynamo(step, args, path, opset, external_data)
+            except Exception as e:  # noqa: BLE001 - any torch.export failure: try the other exporter
+                log.warning("dynamo ONNX export failed (%s: %s); retrying with the TorchScript exporter",
+                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                exporter = "torchscript"
+        if exporter == "torchscript":
+            _export_torchscript(step, args, path, opset, external_data)
+    _fix_interface(path, model, dtype)
+    onnx.checker.check_model(str(path), full_check=False)  # path-based: works with external data
+    log.info("exported %s with the %s exporter in %.1fs", path, exporter, time.perf_counter() - t0)
+    return path
+
+
+def optimize_for_ort(onnx_path: str | os.PathLike, out_path: str | os.PathLike, level: str = "extended",
+                     verify: bool = True) -> Path:
+    """Save ONNX Runtime's offline-optimised graph for the ORT engine folder (not for TensorRT).
+
+    "extended" adds ORT contrib fusions (com.microsoft FusedMatMul, QuickGelu for SiLU) fitted to the
+    CPU provider used here; "basic" (constant folding, redundant-node removal) keeps standard ops.
+    With verify, the saved file is loaded back and must give bit-identical outputs to the source on
+    a probe step, else the next lower level is used (and if none does, this raises)."""
+    import onnxruntime as ort
+
+    onnx_path, out_path = Path(onnx_path), Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    levels = {"extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC}
+    big = onnx_path.stat().st_size + _external_size(onnx_path) > EXTERNAL_DATA_MIN_BYTES
+    want = _probe_outputs(onnx_path) if verify else None
+    for name in list(levels)[list(levels).index(level):]:
+        data = out_path.with_name(out_path.name + ".data")
+        for stale in (out_path, data):
+            stale.unlink(missing_ok=True)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = levels[name]
+        so.optimized_model_filepath = str(out_path)
+        if big:
+            so.add_session_config_entry("session.optimized_model_external_initializers_file_name", data.name)
+            so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])  # writes out_path
+        if want is None:
+            return out_path
+        got = _probe_outputs(out_path)
+        if all(a.shape == b.shape and (a == b).all() for a, b in zip(want, got)):
+            return out_path
+        log.warning("ORT %s-optimised model differs from %s on a probe step; trying a lower level", name, onnx_path)
+    raise RuntimeError(f"no ORT optimisation level reproduces {onnx_path} exactly; use the file unoptimised")
+
+
+def _probe_outputs(path: Path) -> list:
+    """Outputs of one small tree step (C=2 past rows, T=3 new) through a default ORT CPU session."""
+    import numpy as np
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    c, t, feed = 2, 3, {}
+    mask = np.tril(np.ones((t, c + t), dtype=bool), c)
+    mask[2, c + 1] = False  # a branch: node 2 is a sibling of node 1, not its child
+    for i in sess.get_inputs():
+        if i.name.startswith("past_"):
+            dt = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[i.type]
+            feed[i.name] = rng.standard_normal((c, *i.shape[1:])).astype(dt)
+    feed.update(input_ids=np.array([1, 2, 3]), position_ids=np.array([2, 3, 3]), attn_mask=mask,
+                logit_rows=np.array([0, 2]))
+    return sess.run(None, feed)
+
+
+def _external_size(path: Path) -> int:
+    data = path.with_name(path.name + ".data")
+    return data.stat().st_size if data.exists() else 0
