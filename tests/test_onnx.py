@@ -206,3 +206,17 @@ def test_optimize_for_ort_gives_identical_outputs(exported, tmp_path):
     for args in (prefill(gen, 0, 5), prefill(gen, 5, 1)):
         assert torch.equal(engines[0].step(caches[0], *args).clone(), engines[1].step(caches[1], *args))
     assert torch.equal(caches[0].buf, caches[1].buf)
+
+
+def test_dynamo_failure_falls_back_to_torchscript(tmp_path, monkeypatch, caplog):
+    import trtspec.export.onnx_export as ox
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated torch.export failure")
+    monkeypatch.setattr(ox, "_export_dynamo", broken)
+    model = tiny_model("llama")
+    path = export_onnx(model, tmp_path / "m.onnx")
+    assert "retrying with the TorchScript exporter" in caplog.text
+    engine, ref = OrtEngine(path, model.spec, intra_op_threads=1), TorchEngine(model)
+    args = prefill(torch.Generator().manual_seed(5), 0, 4)
+    assert_step_close(engine.step(engine.new_cache(8), *args), ref.step(ref.new_cache(8), *args))

@@ -119,7 +119,9 @@ def tiny_tokenizer(words: list[str]):
     vocab = {w: i for i, w in enumerate(["<unk>", "<|endoftext|>", "<|im_end|>", *words])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    return fast
 
 
 def test_same_vocab_passes_and_differences_are_counted():
@@ -129,7 +131,7 @@ def test_same_vocab_passes_and_differences_are_counted():
     check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(list(words)), "t", "d")
     other = tiny_tokenizer(["world", "hello", "def", "return", "x", "y"])  # two ids swapped, one extra
     with pytest.raises(SpecError, match=r"target.gguf and draft.gguf have different vocabularies \(8 vs 9 tokens, "
-                                        r"3 differ, e\.g\. 'hello': target.gguf id 3, draft.gguf id 4.*"
+                                        r"3 differ, e\.g\. 'hello': target.gguf id 3, draft.gguf id 4; 'world': .*'y': target.gguf absent.*"
                                         r"use a draft model trained with the same tokenizer"):
         check_same_vocab(tiny_tokenizer(words), other, "target.gguf", "draft.gguf")
 
@@ -137,8 +139,8 @@ def test_same_vocab_passes_and_differences_are_counted():
 def test_eos_ids_and_save_load(tmp_path):
     from trtspec.export.tokenizer import eos_token_ids, load_tokenizer, save_tokenizer
 
-    tok = tiny_tokenizer(["a", "b"])
-    assert eos_token_ids(tok) == {1, 2}  # eos + <|im_end|> found in the vocabulary
+    tok = tiny_tokenizer(["a", "b", "</s>"])
+    assert eos_token_ids(tok) == {1, 2}  # eos + the special <|im_end|>; the plain word "</s>" is no stop
     assert eos_token_ids(tok, {"tokenizer.ggml.eot_token_id": 4}) == {1, 2, 4}
     out = save_tokenizer(tok, tmp_path / "tok")
     again = load_tokenizer(out)

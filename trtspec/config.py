@@ -39,10 +39,13 @@ class ModelEntry:
     model: str
     dtype: str = "fp32"
     tiny: dict[str, Any] = field(default_factory=dict)   # tiny:SEED only: tiny_spec() overrides
+    layers: int = 0   # >0: keep only the first N layers (+ final norm and head): a self-draft
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.layers < 0:
+            raise ConfigError(f"layers must be >= 0 (got {self.layers})")
 
     @property
     def torch_dtype(self) -> torch.dtype:

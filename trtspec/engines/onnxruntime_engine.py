@@ -30,7 +30,7 @@ class OrtEngine(Engine):
     name = "onnxruntime"
 
     def __init__(self, onnx_path: str | os.PathLike, spec: ModelSpec, providers: list | None = None,
-                 intra_op_threads: int | None = None, max_logit_rows: int = 64):
+                 intra_op_threads: int | None = None, max_logit_rows: int = 64, allow_spinning: bool = False):
         self.spec = spec
         self.providers = providers or ["CPUExecutionProvider"]
         first = self.providers[0] if isinstance(self.providers[0], str) else self.providers[0][0]
@@ -47,6 +47,10 @@ class OrtEngine(Engine):
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = intra_op_threads or torch.get_num_threads()
+        # ORT's pool threads spin between ops by default; between steps the Python decoding loop
+        # needs those cores (and on a shared 2-core box spinning doubled step time). Opt back in
+        # with allow_spinning=True on dedicated cores.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         self.session = ort.InferenceSession(str(onnx_path), so, providers=self.providers)
         self.in_names, self.out_names = io_names(spec.num_layers)
         got = [i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()]

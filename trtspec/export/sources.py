@@ -3,6 +3,8 @@
     pack:NAME       demo model pack (pip data package), assembled and sha256-checked
     tiny:SEED       seeded random tiny model (target; as a draft: the matching noisy draft)
     PATH            Hugging Face folder (config.json + safetensors) or a .gguf file
+
+`layers: N` in the entry keeps the first N layers: a self-draft from the target's own weights.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelEntry
+from ..config import ConfigError, ModelEntry
 from .model import Decoder
+from .spec import ModelSpec
 from .tiny import tiny_pair, tiny_spec
 
 TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
@@ -25,9 +28,21 @@ def load_model(entry: ModelEntry, role: str) -> Decoder:
     from .checkpoint import load_checkpoint
     from .packs import resolve_model
     spec, state = load_checkpoint(resolve_model(entry.model), dtype=entry.torch_dtype)
+    if entry.layers:
+        spec, state = truncate_layers(spec, state, entry.layers)
     model = Decoder.from_state(spec, state, entry.torch_dtype)
     del state
     return model
+
+
+def truncate_layers(spec: ModelSpec, state: dict, n: int) -> tuple[ModelSpec, dict]:
+    """The first n layers with the model's own final norm and head: an early-exit self-draft that
+    shares the target's tokenizer by construction (LayerSkip-style drafting, without training)."""
+    if n >= spec.num_layers:
+        raise ConfigError(f"layers: {n} must be below the model's {spec.num_layers} layers")
+    keep = {k: v for k, v in state.items()
+            if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n)}
+    return ModelSpec.from_dict({**spec.to_dict(), "num_layers": n}), keep
 
 
 def load_tokenizer_for(entry: ModelEntry):

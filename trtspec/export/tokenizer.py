@@ -15,8 +15,8 @@ from typing import Any
 
 from .spec import ModelSpec, SpecError
 
-# Chat / document end markers of the supported model families; any that exist in a vocabulary stop
-# generation (instruct models end turns with these rather than with their tokenizer's eos).
+# Chat / document end markers of the supported model families; any that is a special token of the
+# tokenizer stops generation (instruct models end turns with these rather than with their eos).
 _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
@@ -78,21 +78,22 @@ def check_same_vocab(target_tok, draft_tok, target_name: str = "target", draft_n
     if a == b:
         return
     differ = [k for k in a.keys() | b.keys() if a.get(k) != b.get(k)]
-    differ.sort(key=lambda k: min(i for i in (a.get(k), b.get(k)) if i is not None))
-    examples = "; ".join(f"{k!r}: {target_name} id {a.get(k)}, {draft_name} id {b.get(k)}" for k in differ[:3])
+    differ.sort(key=lambda k: (min(i for i in (a.get(k), b.get(k)) if i is not None), k))
+    show = lambda i: "absent" if i is None else f"id {i}"  # noqa: E731
+    examples = "; ".join(f"{k!r}: {target_name} {show(a.get(k))}, {draft_name} {show(b.get(k))}" for k in differ[:3])
     raise SpecError(f"{target_name} and {draft_name} have different vocabularies ({len(a)} vs {len(b)} tokens, "
                     f"{len(differ)} differ, e.g. {examples}); speculative decoding needs identical token ids: "
                     "use a draft model trained with the same tokenizer")
 
 
 def eos_token_ids(tok, spec_or_metadata: ModelSpec | dict[str, Any] | None = None) -> set[int]:
-    """Token ids that end generation: the tokenizer's eos, known chat end markers present in the
-    vocabulary, and eos ids recorded by the loaders (ModelSpec.extra) or in GGUF / HF config dicts."""
+    """Token ids that end generation: the tokenizer's eos, known chat end markers that are special
+    tokens of the tokenizer, and eos ids recorded by the loaders (ModelSpec.extra) or in GGUF / HF config dicts."""
     ids: set[int] = set()
     if tok.eos_token_id is not None:
         ids.add(int(tok.eos_token_id))
-    vocab = tok.get_vocab()
-    ids.update(vocab[t] for t in _STOP_TOKENS if t in vocab)
+    # Only special (added) tokens count: "</s>" is an ordinary BPE token in Qwen's vocabulary, for one.
+    ids.update(int(i) for i, t in tok.added_tokens_decoder.items() if t.special and t.content in _STOP_TOKENS)
     src = spec_or_metadata.extra if isinstance(spec_or_metadata, ModelSpec) else spec_or_metadata or {}
     for key in ("eos_token_ids", "eos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                 "tokenizer.ggml.eom_token_id"):
