@@ -108,7 +108,8 @@ def test_f32_gguf_gives_back_hf_weights_and_logits(tmp_path, arch):
     path = tmp_path / f"{arch}.gguf"
     write_gguf(path, arch, cfg, tensors)
     if arch == "llama":  # the file really is permuted, so the round trip below proves the un-permute
-        assert not np.array_equal(tensors["blk.0.attn_q.weight"], hf_state["model.layers.0.self_attn.q_proj.weight"].numpy())
+        q = hf_state["model.layers.0.self_attn.q_proj.weight"].numpy()
+        assert not np.array_equal(tensors["blk.0.attn_q.weight"], q)
 
     spec, state = load_checkpoint(path)
     assert (spec.arch, spec.attention_bias, spec.tie_word_embeddings) == (arch, arch == "qwen2", arch == "qwen2")

@@ -131,7 +131,8 @@ def test_same_vocab_passes_and_differences_are_counted():
     check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(list(words)), "t", "d")
     other = tiny_tokenizer(["world", "hello", "def", "return", "x", "y"])  # two ids swapped, one extra
     with pytest.raises(SpecError, match=r"target.gguf and draft.gguf have different vocabularies \(8 vs 9 tokens, "
-                                        r"3 differ, e\.g\. 'hello': target.gguf id 3, draft.gguf id 4; 'world': .*'y': target.gguf absent.*"
+                                        r"3 differ, e\.g\. 'hello': target.gguf id 3, draft.gguf id 4; 'world': .*"
+                                        r"'y': target.gguf absent.*"
                                         r"use a draft model trained with the same tokenizer"):
         check_same_vocab(tiny_tokenizer(words), other, "target.gguf", "draft.gguf")
 

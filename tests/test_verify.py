@@ -238,8 +238,11 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     seq = np.zeros(64, dtype=np.int64)
     st = DecodeState(runner, None, SamplingParams(), torch.Generator().manual_seed(0), seq, 0)
     st.append(prompt)
-    emitted = st.verify_and_commit(tree)
+    out = st.verify_and_commit(tree)
+    emitted = out[0] if isinstance(out, tuple) else out      # (emitted, path) in newer versions
     assert emitted == [a, b, c]
+    if isinstance(out, tuple):
+        assert list(out[1]) == [0, 3, 5]
     assert runner.cache.length == len(prompt) + 2 and runner.cache.scratch == 0
 
     ref = ModelRunner(engine, capacity=64)

@@ -86,7 +86,7 @@ class OrtEngine(Engine):
         row = buf.stride(2) * buf.element_size()
         base, block = buf.data_ptr(), buf.stride(1) * buf.element_size()
         hkv, d = self.spec.num_kv_heads, self.spec.head_dim
-        for n in range(2 * self.spec.num_layers):  # n = 2*layer + (0 key | 1 value) = index into buf[:, :] flattened
+        for n in range(2 * self.spec.num_layers):  # n = 2*layer + (0: key, 1: value), as in buf[:, :]
             start = base + n * block
             io.bind_input(self.in_names[4 + n], dev, idx, elem, (used, hkv, d), start)
             io.bind_output(self.out_names[1 + n], dev, idx, elem, (t, hkv, d), start + used * row)

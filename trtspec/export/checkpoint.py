@@ -74,9 +74,9 @@ def check_layout(spec: ModelSpec, state: dict[str, torch.Tensor], source: str | 
     """SpecError unless `state` has exactly the Decoder's weights with the Decoder's shapes."""
     with torch.device("meta"):  # shapes only, no memory
         own = {k: tuple(v.shape) for k, v in Decoder(spec).state_dict().items()}
-    if spec.tie_word_embeddings:
-        own.pop("lm_head.weight")
-    have = {k for k in state if not k.endswith("rotary_emb.inv_freq")} - ({"lm_head.weight"} if spec.tie_word_embeddings else set())
+    ignored = {"lm_head.weight"} if spec.tie_word_embeddings else set()  # tied: a saved copy is fine
+    own = {k: v for k, v in own.items() if k not in ignored}
+    have = {k for k in state if not k.endswith("rotary_emb.inv_freq")} - ignored
     missing, unexpected = sorted(own.keys() - have), sorted(have - own.keys())
     if missing or unexpected:
         raise SpecError(f"{source}: the weights do not match a {spec.arch} model of this config (missing "
@@ -84,11 +84,12 @@ def check_layout(spec: ModelSpec, state: dict[str, torch.Tensor], source: str | 
                         f"{' ...' if len(unexpected) > 3 else ''}); use the config and weights of the same model")
     for k, shape in own.items():
         if tuple(state[k].shape) != shape:
-            raise SpecError(f"{source}: weight {k} has shape {tuple(state[k].shape)} but the config implies {shape}; "
-                            "the config does not describe these weights, use the config that came with them")
+            raise SpecError(f"{source}: weight {k} has shape {tuple(state[k].shape)} but the config implies "
+                            f"{shape}; the config does not describe these weights, use the config that came with them")
 
 
-def load_checkpoint(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+def load_checkpoint(path: str | os.PathLike,
+                    dtype: torch.dtype = torch.float32) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """(spec, HF-named state dict in `dtype`) from a Hugging Face folder or a .gguf file."""
     path = Path(path).expanduser()
     if not path.exists():

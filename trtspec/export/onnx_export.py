@@ -68,10 +68,11 @@ def _sample_inputs(model: Decoder, dtype: torch.dtype):
 
 def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) -> None:
     n_past = len(args) - 4
-    new, past, rows = torch.export.Dim("new_tokens"), torch.export.Dim("past_len", min=0), torch.export.Dim("logit_rows")
+    Dim = torch.export.Dim
+    new, past, rows = Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
     shapes = {"input_ids": {0: new}, "position_ids": {0: new},
               # past_len + new_tokens is not expressible as a derived Dim; AUTO lets export find it.
-              "attn_mask": {0: new, 1: torch.export.Dim.AUTO},
+              "attn_mask": {0: new, 1: Dim.AUTO},
               "logit_rows": {0: rows}, "past": tuple({0: past} for _ in range(n_past))}
     inputs, outputs = io_names(n_past // 2)
     program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,

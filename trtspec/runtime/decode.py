@@ -25,6 +25,7 @@ class StepStats:
     draft_forwards: int
     draft_seconds: float
     verify_seconds: float
+    extra: dict = field(default_factory=dict)    # strategy-specific: merges, stage-2 acceptance, ...
 
 
 @dataclass
@@ -52,8 +53,10 @@ class DecodeState:
     def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return probs_from_logits(logits, self.sampling)
 
-    def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0) -> list[int]:
-        """One target forward over `tree`, exact acceptance, KV commit. Returns the emitted tokens."""
+    def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0, **extra) -> tuple[list[int], np.ndarray]:
+        """One target forward over `tree`, exact acceptance, target KV commit.
+
+        Returns (emitted tokens, accepted path as tree node indices, root first)."""
         t0 = time.perf_counter()
         logits = self.target.verify(tree)
         if self.sampling.greedy:
@@ -63,6 +66,6 @@ class DecodeState:
         self.target.cache.commit(path.numpy())
         emitted = tree.tokens[path[1:]].tolist() + [nxt]
         self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds,
-                                    time.perf_counter() - t0))
+                                    time.perf_counter() - t0, extra))
         self.draft_seconds = 0.0
-        return emitted
+        return emitted, path.numpy()

@@ -1,0 +1,152 @@
+"""DraftTree: a token tree grown by the draft model inside the draft's KV scratch.
+
+Shared by every tree strategy (staged, dyspec, gsd, cascade). Node 0 is the root (the last emitted
+token). A node is *fed* once the draft has run on its token: its KV row sits in the draft scratch
+and `probs[node]` (the draft's distribution over its children) is known. Many nodes are fed in one
+batched draft forward; each sees the committed prefix, the pending chain, and its own ancestors.
+
+`feed(nodes, review=...)` also lets a cheaper drafter's chain be *reviewed* by the draft in the same
+forward (staged speculation / vertical cascade): chain tokens are fed speculatively and kept only
+while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
+marked dead and never reach the target.
+
+After target verification, `commit(path)` keeps the draft KV rows of the accepted path (only nodes
+fed under their true prefix: a node reached through a merged GSD edge borrowed another prefix's
+KV, so the commit stops there and the next step re-feeds those tokens as pending).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .decode import DecodeState
+from .tree import TokenTree
+
+
+class DraftTree:
+    def __init__(self, st: DecodeState, capacity: int = 512):
+        self.st = st
+        self.runner = st.draft
+        cache = self.runner.cache
+        self.pending = st.tokens()[cache.length:].tolist()      # tokens the draft has not seen, root last
+        self.base_pos = cache.length + len(self.pending) - 1      # position of the root
+        n = capacity
+        self.tokens = np.zeros(n, dtype=np.int64)
+        self.parents = np.full(n, -1, dtype=np.int64)
+        self.depth = np.zeros(n, dtype=np.int64)
+        self.row = np.full(n, -1, dtype=np.int64)                 # draft scratch row of a fed node
+        self.alive = np.ones(n, dtype=bool)                       # False: rejected in a review
+        self.borrowed = np.zeros(n, dtype=bool)                   # reached through a merged edge
+        self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
+        self.q: list[torch.Tensor | None] = [None] * n            # proposal dist a sampled child came from
+        self.probs: dict[int, torch.Tensor] = {}
+        self.size = 1
+        self.tokens[0] = st.root
+        self.anc[0, 0] = True
+        self.row_owner: list[int] = [0] * len(self.pending)       # pending rows are the root's prefix
+        self.forwards = 0
+        self.reviewed = 0                                          # chain tokens offered for review
+        self.review_kept = 0                                       # ... and kept by the draft
+        logits = self.runner.extend(self.pending)                 # feeds the root
+        self.row[0] = len(self.pending) - 1
+        self.probs[0] = self._dist(logits)[0]
+        self.forwards += 1
+
+    # -- structure ---------------------------------------------------------------------------
+    def add(self, parent: int, token: int, q: torch.Tensor | None = None, borrowed: bool = False) -> int:
+        n = self.size
+        if n >= len(self.tokens):
+            raise RuntimeError("draft tree capacity exceeded; lower the tree budget")
+        self.size += 1
+        self.tokens[n], self.parents[n], self.depth[n] = token, parent, self.depth[parent] + 1
+        self.anc[n] = self.anc[parent]
+        self.anc[n, n] = True
+        self.q[n] = q
+        self.borrowed[n] = borrowed or self.borrowed[parent]
+        return n
+
+    def children(self, node: int) -> np.ndarray:
+        kids = np.flatnonzero(self.parents[: self.size] == node)
+        return kids[self.alive[kids]]
+
+    def fed(self, node: int) -> bool:
+        return self.row[node] >= 0
+
+    # -- draft forwards ----------------------------------------------------------------------
+    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft distribution used to rank and draw children: the sampling transform when the target
+        samples (the exact q that sampled children come from), plain softmax for greedy runs."""
+        if self.st.sampling.greedy:
+            return torch.softmax(logits.float(), -1)
+        return self.st.draft_probs(logits)
+
+    def feed(self, nodes: list[int], chains: dict[int, list[int]] | None = None,
+             lenience: float = 1.0) -> list[int]:
+        """One batched draft forward over `nodes` (their parents must be fed), plus, for a node in
+        `chains`, a proposed continuation reviewed by the draft in the same forward. Returns the
+        nodes that are now fed (reviewed chain tokens that survived included)."""
+        chains = chains or {}
+        batch = list(nodes)
+        chain_of: dict[int, list[int]] = {}
+        for node, chain in chains.items():
+            prev, added = node, []
+            for tok in chain:
+                prev = self.add(prev, int(tok))
+                added.append(prev)
+            chain_of[node] = added
+            batch += added
+        if not batch:
+            return []
+        idx = np.asarray(batch)
+        scratch = self.runner.cache.scratch
+        # Visibility over existing scratch rows: rows owned by ancestors (pending rows belong to the root).
+        owners = np.asarray(self.row_owner, dtype=np.int64)
+        mask = np.concatenate([self.anc[idx][:, owners], self.anc[idx][:, idx]], axis=1)
+        toks = torch.from_numpy(self.tokens[idx])
+        pos = torch.from_numpy(self.base_pos + self.depth[idx])
+        logits = self.runner.run(toks, pos, torch.from_numpy(mask))
+        self.forwards += 1
+        dists = self._dist(logits)
+        for i, node in enumerate(batch):
+            self.row[node] = scratch + i
+            self.row_owner.append(node)
+            self.probs[node] = dists[i]
+        done = list(nodes)
+        for node, added in chain_of.items():
+            prev = node
+            self.reviewed += len(added)
+            for child in added:                     # review: keep while the draft agrees
+                p = self.probs[prev]
+                tok = int(self.tokens[child])
+                if int(p.argmax()) == tok or (lenience > 1 and float(p[tok]) * lenience >= float(p.max())):
+                    done.append(child)
+                    self.review_kept += 1
+                    prev = child
+                else:
+                    self.alive[child:added[-1] + 1] = False   # the rest of the chain hangs off it
+                    break
+        return done
+
+    # -- hand-off to the target --------------------------------------------------------------
+    def token_tree(self, nodes: list[int] | None = None) -> tuple[TokenTree, np.ndarray]:
+        """The alive nodes (or an ancestor-closed subset) as a TokenTree, plus tree index -> node."""
+        sel = np.flatnonzero(self.alive[: self.size]) if nodes is None else np.sort(np.asarray(nodes))
+        where = np.full(self.size, -1, dtype=np.int64)
+        where[sel] = np.arange(len(sel))
+        parents = np.where(self.parents[sel] >= 0, where[self.parents[sel]], -1)
+        qs = [self.q[n] for n in sel]
+        q = None
+        if any(x is not None for x in qs):
+            ref = next(x for x in qs if x is not None)
+            nan = torch.full_like(ref, float("nan"))
+            q = torch.stack([nan if x is None else x for x in qs])
+        return TokenTree(torch.from_numpy(self.tokens[sel]), torch.from_numpy(parents), q), sel
+
+    def commit(self, path_nodes: np.ndarray) -> None:
+        """Keep the pending rows and the rows of accepted nodes fed under their own prefix."""
+        rows = list(range(len(self.pending)))
+        for node in path_nodes[1:]:
+            if not self.fed(node) or self.borrowed[node]:
+                break
+            rows.append(int(self.row[node]))
+        self.runner.cache.commit(rows)

@@ -1,0 +1,64 @@
+"""cascade: Cascade Speculative Drafting (Chen et al.), lossless at the top.
+
+Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy bigram table).
+- Vertical cascade: the draft never decodes autoregressively. Each draft forward REVIEWS a MaG
+  proposal (fed with the draft's pending token in one forward): MaG tokens are kept while they
+  equal the draft's argmax (or pass the draft-level `lenience`), and the draft's own argmax at the
+  first miss is appended, so every review yields at least one token. Repeat until `k_draft` tokens.
+- Horizontal cascade (the K-matrix row [k_draft, k_mag]): the first k_draft positions come from
+  the draft-reviewed tier, the next k_mag from raw MaG, the cheapest drafter for the least likely
+  positions.
+- Lenience applies below the top only; every level below the target is deterministic, so the
+  target verifies with q = one-hot: greedy output is the target's greedy output and sampling is exact.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from ..ngram import NGramDrafter
+from .base import Strategy
+
+
+class Cascade(Strategy):
+    name = "cascade"
+    needs_draft = True
+
+    def __init__(self, k_draft: int = 6, k_mag: int = 4, mag_len: int = 6, lenience: float = 1.0,
+                 bigram: str | None = None):
+        if lenience < 1:
+            raise ValueError("lenience must be >= 1 (1 = strict review)")
+        self.k_draft, self.k_mag, self.mag_len, self.lenience = k_draft, k_mag, mag_len, lenience
+        table = np.load(bigram) if bigram else None
+        self.mag = NGramDrafter(bigram=table)
+
+    def max_tree_size(self) -> int:
+        return self.k_draft + self.mag_len + self.k_mag + 1
+
+    def step(self, st: DecodeState) -> list[int]:
+        t0 = time.perf_counter()
+        tree = DraftTree(st, capacity=self.max_tree_size() + self.mag_len + 2)
+        chain: list[int] = []                       # node ids, in order
+        last = 0
+        while len(chain) < self.k_draft:
+            node = tree.add(last, int(tree.probs[last].argmax()))   # the draft's own token
+            chain.append(node)
+            if len(chain) >= self.k_draft:
+                break                                # a leaf: no need to feed it
+            ctx = np.concatenate([st.tokens(), tree.tokens[chain]])
+            proposal = self.mag.propose(ctx, self.mag_len)
+            fed = tree.feed([node], {node: proposal} if proposal else None, self.lenience)
+            chain += fed[1:]
+            last = chain[-1]
+        ctx = np.concatenate([st.tokens(), tree.tokens[chain]])
+        for tok in self.mag.propose(ctx, self.k_mag):              # raw MaG tier, unreviewed
+            chain.append(tree.add(chain[-1], int(tok)))
+        st.draft_seconds = time.perf_counter() - t0
+        target_tree, nodes = tree.token_tree([0] + chain)
+        emitted, path = st.verify_and_commit(target_tree, tree.forwards, stage2_proposed=tree.reviewed,
+                                             stage2_accepted=tree.review_kept)
+        tree.commit(nodes[path])
+        return emitted

@@ -1,0 +1,107 @@
+"""dyspec: DySpec dynamic token trees (Xiong et al.), both variants.
+
+Children of a node are drawn from the draft WITHOUT replacement: each draw comes from the residual R
+(the draft distribution with earlier siblings removed, renormalised), and R is stored as that
+child's q so Sequoia/DySpec recursive rejection verifies exactly. Under greedy target decoding the
+"draw" is the residual's argmax (draft temperature 0): greedy verification is exact for any tree.
+
+- heap (Algorithm 1): a max-heap of slots. A node's child slot is worth v·R[y] (its path
+  probability), the next-sibling slot at the same parent v·(1 − R[y]). Pop the best slots until the
+  node budget is spent. Draft forwards are lazy and batched: a popped child slot whose node is not
+  fed yet is fed together with the other such slots of the round (`batch` pops per round).
+- threshold (Algorithm 2): layer by layer, one batched draft forward per layer; at every leaf keep
+  drawing children while the slot value v > t (the paper prints `v < t`, a typo), capped by budget.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+import torch
+
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from .base import Strategy
+
+
+class DySpec(Strategy):
+    name = "dyspec"
+    needs_draft = True
+
+    def __init__(self, variant: str = "heap", budget: int = 24, batch: int = 6, threshold: float = 0.05,
+                 max_depth: int = 12):
+        if variant not in ("heap", "threshold"):
+            raise ValueError("dyspec variant must be 'heap' (Algorithm 1) or 'threshold' (Algorithm 2)")
+        self.variant, self.budget, self.batch = variant, budget, batch
+        self.threshold, self.max_depth = threshold, max_depth
+
+    def max_tree_size(self) -> int:
+        return self.budget + 1
+
+    def _draw(self, st: DecodeState, residual: torch.Tensor) -> int:
+        if st.sampling.greedy:
+            return int(residual.argmax())
+        return int(torch.multinomial(residual, 1, generator=st.gen))
+
+    def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor):
+        """Draw one child from `residual`; returns (node, R[y], residual without y)."""
+        y = self._draw(st, residual)
+        node = tree.add(parent, y, q=None if st.sampling.greedy else residual.clone())
+        ry = float(residual[y])
+        rest = residual.clone()
+        rest[y] = 0.0
+        total = float(rest.sum())
+        return node, ry, (rest / total if total > 0 else None)
+
+    def step(self, st: DecodeState) -> list[int]:
+        t0 = time.perf_counter()
+        tree = DraftTree(st, capacity=self.budget + 2)
+        if self.variant == "heap":
+            self._heap(st, tree)
+        else:
+            self._threshold(st, tree)
+        st.draft_seconds = time.perf_counter() - t0
+        target_tree, nodes = tree.token_tree()
+        emitted, path = st.verify_and_commit(target_tree, tree.forwards)
+        tree.commit(nodes[path])
+        return emitted
+
+    def _heap(self, st: DecodeState, tree: DraftTree) -> None:
+        # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
+        heap = [(-1.0, 0, 0, tree.probs[0])]
+        count, added = 1, 0
+        while heap and added < self.budget:
+            slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.budget - added))]
+            unfed = [parent for _, _, parent, res in slots if res is None]
+            if unfed:
+                tree.feed(unfed)
+            for neg, _, parent, res in slots:
+                v = -neg
+                if res is None:
+                    res = tree.probs[parent]
+                node, ry, rest = self._child(st, tree, parent, res)
+                added += 1
+                if rest is not None:                    # next sibling at the same parent
+                    heapq.heappush(heap, (-(v * (1 - ry)), count, parent, rest))
+                    count += 1
+                if tree.depth[node] < self.max_depth:   # first child of the new node: fed lazily
+                    heapq.heappush(heap, (-(v * ry), count, node, None))
+                    count += 1
+
+    def _threshold(self, st: DecodeState, tree: DraftTree) -> None:
+        leaves = [(0, 1.0)]
+        added = 0
+        for depth in range(self.max_depth):
+            if depth > 0:
+                tree.feed([n for n, _ in leaves])       # one batched forward per layer
+            new = []
+            for node, v in leaves:
+                res = tree.probs[node]
+                while v > self.threshold and added < self.budget and res is not None:
+                    child, ry, res = self._child(st, tree, node, res)
+                    new.append((child, v * ry))
+                    v *= 1 - ry
+                    added += 1
+            leaves = [(n, v) for n, v in new if v > self.threshold]   # only these can grow children
+            if not leaves or added >= self.budget:
+                break

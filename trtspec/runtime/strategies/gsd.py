@@ -1,0 +1,129 @@
+"""gsd: Graph-structured speculative decoding (Gong et al.), lossless.
+
+Drafting, one batched draft forward per depth: every frontier node proposes its top-k tokens; a
+candidate survives if p ≥ sibling_ratio · p_top1. A surviving candidate that repeats an existing
+node (same token and the same r preceding tokens, `repeat` = r) is MERGED: the parent gets an edge
+to that node instead of a new node, so the draft never runs on it — that is the saving. A merge that
+would make a cycle, or point at the parent's own ancestor, is refused (the reference code checks
+neither). Drafting stops when a depth adds no confident node (p ≥ confidence along the whole path).
+
+Verification: the DAG is unrolled into a tree (BFS over real and merged edges, duplicating merged
+subtrees, up to the node budget) because a node's KV depends on its prefix. Children are
+deterministic, so sampling verification uses the exact q = one-hot rule (not the reference code's
+biased min(1, p/q) acceptance). Draft KV fix-up: nodes reached through a merged edge are `borrowed`;
+the draft commit stops there and those accepted tokens are re-fed as pending next step.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import numpy as np
+
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from .base import Strategy
+
+
+class GSD(Strategy):
+    name = "gsd"
+    needs_draft = True
+
+    def __init__(self, top_k: int = 3, sibling_ratio: float = 0.2, confidence: float = 0.3, repeat: int = 1,
+                 max_depth: int = 8, budget: int = 32, max_draft_nodes: int = 64):
+        self.top_k, self.sibling_ratio, self.confidence, self.repeat = top_k, sibling_ratio, confidence, repeat
+        self.max_depth, self.budget, self.max_draft_nodes = max_depth, budget, max_draft_nodes
+        self.merges = 0
+
+    def max_tree_size(self) -> int:
+        return self.budget + 1
+
+    def _match(self, tree: DraftTree, parent: int, tok: int, merged: dict[int, list[int]]) -> int:
+        """An existing node with token `tok` whose r preceding tokens equal parent's path; -1 if none."""
+        if self.repeat < 0:
+            return -1
+        n = tree.size
+        cand = np.flatnonzero((tree.tokens[:n] == tok) & tree.alive[:n])
+        cand = cand[~tree.anc[parent, cand]]                       # never an ancestor-or-self of parent
+        for m in cand.tolist():
+            a, b, ok = parent, int(tree.parents[m]), True
+            for _ in range(self.repeat):
+                if a < 0 or b < 0 or tree.tokens[a] != tree.tokens[b]:
+                    ok = False
+                    break
+                a, b = int(tree.parents[a]), int(tree.parents[b])
+            if ok and not self._reaches(tree, m, parent, merged):  # the edge parent->m must not close a cycle
+                return m
+        return -1
+
+    @staticmethod
+    def _reaches(tree: DraftTree, src: int, dst: int, merged: dict[int, list[int]]) -> bool:
+        stack, seen = [src], set()
+        while stack:
+            u = stack.pop()
+            if u == dst:
+                return True
+            if u in seen:
+                continue
+            seen.add(u)
+            stack += tree.children(u).tolist() + merged.get(u, [])
+        return False
+
+    def step(self, st: DecodeState) -> list[int]:
+        t0 = time.perf_counter()
+        tree = DraftTree(st, capacity=self.max_draft_nodes + self.budget + 2)
+        merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
+        confident = {0: True}
+        frontier, merges = [0], 0
+        for depth in range(self.max_depth):
+            if depth > 0:
+                tree.feed(frontier)
+            new = []
+            for node in frontier:
+                p = tree.probs[node]
+                top = p.topk(self.top_k)
+                p1 = float(top.values[0])
+                for prob, tok in zip(top.values.tolist(), top.indices.tolist()):
+                    if prob < self.sibling_ratio * p1 or tree.size >= self.max_draft_nodes:
+                        continue
+                    m = self._match(tree, node, tok, merged)
+                    if m >= 0:
+                        merged.setdefault(node, []).append(m)
+                        merges += 1
+                        continue
+                    child = tree.add(node, tok)
+                    confident[child] = confident[node] and prob >= self.confidence
+                    new.append(child)
+            if not any(confident[c] for c in new):
+                break
+            frontier = new
+        self.merges += merges
+        nodes = self._unroll(tree, merged)
+        st.draft_seconds = time.perf_counter() - t0
+        target_tree, sel = tree.token_tree(nodes)
+        emitted, path = st.verify_and_commit(target_tree, tree.forwards, merges=merges)
+        st.steps[-1].extra["merged_path"] = bool(tree.borrowed[sel[path]].any())
+        tree.commit(sel[path])
+        return emitted
+
+    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]]) -> list[int]:
+        """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
+        as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes."""
+        dag = {g: tree.children(g).tolist() for g in range(tree.size)}   # before copies are added
+        keep = [0]
+        queue = deque([(0, 0)])                  # (DAG node, tree node it is unrolled as)
+        while queue and len(keep) <= self.budget:
+            g, t = queue.popleft()
+            for c in dag[g]:
+                if len(keep) > self.budget:
+                    break
+                node = c if t == g else tree.add(t, int(tree.tokens[c]), borrowed=True)
+                keep.append(node)
+                queue.append((c, node))
+            for m in merged.get(g, []):
+                if len(keep) > self.budget:
+                    break
+                node = tree.add(t, int(tree.tokens[m]), borrowed=True)
+                keep.append(node)
+                queue.append((m, node))
+        return keep

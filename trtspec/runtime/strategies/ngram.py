@@ -1,0 +1,27 @@
+"""ngram: chain decoding whose drafts come from the n-gram drafter (no draft model, ~µs drafts)."""
+from __future__ import annotations
+
+import time
+
+from ..decode import DecodeState
+from ..ngram import NGramDrafter
+from ..tree import TokenTree
+from .base import Strategy
+
+
+class NGramSpeculative(Strategy):
+    """Chain decoding with the statistical n-gram drafter: no draft model, drafts cost ~µs."""
+    name = "ngram"
+
+    def __init__(self, k: int = 8, drafter: NGramDrafter | None = None):
+        self.k = k
+        self.drafter = drafter or NGramDrafter()
+
+    def max_tree_size(self) -> int:
+        return self.k + 1
+
+    def step(self, st: DecodeState) -> list[int]:
+        t0 = time.perf_counter()
+        drafts = self.drafter.propose(st.tokens(), self.k)
+        st.draft_seconds = time.perf_counter() - t0
+        return st.verify_and_commit(TokenTree.chain(st.root, drafts))[0]
