@@ -104,14 +104,9 @@ def test_kv_cache_slots_capacity_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# Request validation: known bugs (xfail strict: they start failing once fixed, then drop the mark)
+# Request validation: clear errors up front (regression tests for two bugs found by these tests)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG trtspec/runtime/generator.py Generator.strategy (l.44-45): a Strategy object is returned "
-    "without the needs_draft check, so generate(..., strategy=ChainSpeculative(k)) on a Generator "
-    "with no draft model dies in strategies.py l.79 with AttributeError: 'NoneType' object has no "
-    "attribute 'forwards', instead of the clear ValueError that strategy='chain' gets"))
 def test_strategy_object_without_draft_gives_clear_error(llama_pair):
     g = Generator(llama_pair.target_engine, None, capacity=64)
     with pytest.raises(ValueError, match="needs a draft model"):
@@ -120,12 +115,6 @@ def test_strategy_object_without_draft_gives_clear_error(llama_pair):
         g.generate([1, 2, 3], strategy=ChainSpeculative(2), max_new_tokens=5)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG trtspec/runtime/runner.py ModelRunner.run (l.35) / verify (l.61): a tree of more than "
-    "max_step_tokens=256 nodes is run in one step; `self._rows[:t]` silently yields only 256 logit "
-    "rows, and verify_greedy (verify.py l.21) then raises IndexError: index 256 is out of bounds. "
-    "Generator.iter_tokens checks max_tree_size() against the KV capacity but not against "
-    "max_step_tokens. Expected: a clear up-front error (or chunked verification)"))
 @pytest.mark.parametrize("make", [lambda: NGramSpeculative(300), lambda: ChainSpeculative(300)],
                          ids=["ngram300", "chain300"])
 def test_tree_larger_than_max_step_tokens(llama_pair, make):

@@ -5,6 +5,7 @@ line naming the problem and the fix, never a traceback.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -18,7 +19,7 @@ from .export.spec import SpecError
 from .runtime.kv_cache import CapacityError
 
 USER_ERRORS = (ConfigError, SpecError, EngineError, CapacityError, FileExistsError, FileNotFoundError, ValueError)
-STRATEGY_NAMES = ["ar", "chain", "ngram"]
+STRATEGY_NAMES = ["ar", "chain", "ngram", "staged", "dyspec", "gsd", "cascade"]
 
 
 def user_errors(fn):
@@ -76,8 +77,10 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None, help="Read the prompt from a file.")
 @click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
-              help="ar: plain decoding. chain: draft-model speculation. ngram: prompt/output n-gram speculation. "
-                   "Default: the config's.")
+              help="ar: plain decoding. chain: k draft-model tokens. ngram: prompt/output n-gram copies. "
+                   "staged: best-first draft tree + n-gram-reviewed draft. dyspec: dynamic tree (heap or "
+                   "threshold). gsd: top-k graph with merged repeats. cascade: draft reviews n-gram drafts "
+                   "(CS Drafting). All lossless. Options per strategy live in the config. Default: the config's.")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = off.")
@@ -87,9 +90,13 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids, stats.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Override the config's runtime backend.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
+@click.option("--show-tree", type=click.Path(dir_okay=False), default=None,
+              help="Render one step's token tree (accepted path highlighted) to this .png or .svg file.")
+@click.option("--tree-step", type=click.IntRange(0), default=0, show_default=True,
+              help="Which target step --show-tree renders.")
 @user_errors
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
-        seed, chat, as_json, backend, threads) -> None:
+        seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
     from .engines.load import engines_for_config, load_generator
     from .runtime.sampling import SamplingParams
@@ -110,20 +117,38 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
     else:
         ids = tok(text)["input_ids"]
+    if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
+        raise click.UsageError("--show-tree needs a .png or .svg file name")
     kwargs = dict(strategy=strategy or gen.config.strategy, max_new_tokens=max_new_tokens,
-                  sampling=SamplingParams(temperature, top_k, top_p), seed=seed)
+                  sampling=SamplingParams(temperature, top_k, top_p), seed=seed, record_trees=bool(show_tree))
     if as_json:
         result = gen.generate(ids, **kwargs)
+        steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
+                 | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
         out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
-               "stats": result.stats, "strategy": kwargs["strategy"], "backend": gen.backend}
+               "stats": result.stats, "steps": steps, "strategy": kwargs["strategy"], "backend": gen.backend}
         click.echo(json.dumps(out))
+    else:
+        for piece in gen.stream_text(ids, **kwargs):
+            click.echo(piece, nl=False)
+        click.echo()
+        result = gen.last_result
+    if show_tree:
+        _render_tree(result, tree_step, tok, show_tree, kwargs["strategy"])
+    if as_json:
         return
-    for piece in gen.stream_text(ids, **kwargs):
-        click.echo(piece, nl=False)
-    click.echo()
-    s = gen.last_result.stats
+    s = result.stats
     log(f"[{kwargs['strategy']}] {s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_s']:.2f} tok/s, "
         f"{s['mean_accepted']:.2f} tokens per target step")
+
+
+def _render_tree(result, step: int, tok, path: str, strategy: str) -> None:
+    from .tools.render_tree import render_tree
+    if step >= len(result.steps):
+        raise click.UsageError(f"--tree-step {step}: the run only had {len(result.steps)} target steps")
+    render_tree(result.steps[step].extra["tree"], path, decode=lambda t: tok.decode([t]),
+                title=f"{strategy}: target step {step}")
+    click.echo(f"tree of step {step} written to {path}", err=True)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ class DecodeState:
     length: int                          # valid tokens in seq
     steps: list[StepStats] = field(default_factory=list)
     draft_seconds: float = 0.0           # accumulated by the strategy for the current step
+    record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
 
     @property
     def root(self) -> int:
@@ -65,6 +66,11 @@ class DecodeState:
             path, nxt = verify_sampling(tree, probs_from_logits(logits, self.sampling), self.gen)
         self.target.cache.commit(path.numpy())
         emitted = tree.tokens[path[1:]].tolist() + [nxt]
+        if self.record_trees:
+            extra["tree"] = {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
+                             "path": path.tolist(), "next_token": nxt, **extra.pop("tree_nodes", {})}
+        else:
+            extra.pop("tree_nodes", None)
         self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds,
                                     time.perf_counter() - t0, extra))
         self.draft_seconds = 0.0

@@ -37,6 +37,7 @@ class DraftTree:
         self.row = np.full(n, -1, dtype=np.int64)                 # draft scratch row of a fed node
         self.alive = np.ones(n, dtype=bool)                       # False: rejected in a review
         self.borrowed = np.zeros(n, dtype=bool)                   # reached through a merged edge
+        self.from_review = np.zeros(n, dtype=bool)                # proposed by a cheaper drafter
         self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
         self.q: list[torch.Tensor | None] = [None] * n            # proposal dist a sampled child came from
         self.probs: dict[int, torch.Tensor] = {}
@@ -92,6 +93,7 @@ class DraftTree:
             prev, added = node, []
             for tok in chain:
                 prev = self.add(prev, int(tok))
+                self.from_review[prev] = True
                 added.append(prev)
             chain_of[node] = added
             batch += added
@@ -141,6 +143,9 @@ class DraftTree:
             nan = torch.full_like(ref, float("nan"))
             q = torch.stack([nan if x is None else x for x in qs])
         return TokenTree(torch.from_numpy(self.tokens[sel]), torch.from_numpy(parents), q), sel
+
+    def reviewed_mask(self, nodes: np.ndarray) -> list[bool]:
+        return self.from_review[nodes].tolist()
 
     def commit(self, path_nodes: np.ndarray) -> None:
         """Keep the pending rows and the rows of accepted nodes fed under their own prefix."""

@@ -41,9 +41,11 @@ class Generator:
         self._seq = np.zeros(capacity, dtype=np.int64)
 
     def strategy(self, name: str | Strategy) -> Strategy:
-        if isinstance(name, Strategy):
-            return name
-        strat = make_strategy(name, **self.strategy_options.get(name, {}))
+        strat = name if isinstance(name, Strategy) else make_strategy(name, **self.strategy_options.get(name, {}))
+        if strat.max_tree_size() > self.target.max_step_tokens:
+            raise ValueError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
+                             f"one step, more than the {self.target.max_step_tokens} a step allows; "
+                             "lower its budget / k in the config")
         if strat.needs_draft and self.draft is None:
             raise ValueError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
                              "add a draft to the config or use --strategy ar / ngram")
@@ -56,7 +58,8 @@ class Generator:
         return self.last_result
 
     def iter_tokens(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
-                    sampling: SamplingParams = SamplingParams(), seed: int = 0) -> Iterator[list[int]]:
+                    sampling: SamplingParams = SamplingParams(), seed: int = 0,
+                    record_trees: bool = False) -> Iterator[list[int]]:
         """Yield the tokens each target step emits; `self.last_result` holds the result afterwards."""
         strat = self.strategy(strategy)
         if not prompt_ids:
@@ -70,7 +73,8 @@ class Generator:
             if r is not None:
                 r.reset()
         gen = torch.Generator().manual_seed(seed)
-        st = DecodeState(self.target, self.draft if strat.needs_draft else None, sampling, gen, self._seq, 0)
+        st = DecodeState(self.target, self.draft if strat.needs_draft else None, sampling, gen, self._seq, 0,
+                         record_trees=record_trees)
         st.append(list(prompt_ids))
 
         t0 = time.perf_counter()

@@ -59,6 +59,7 @@ class Cascade(Strategy):
         st.draft_seconds = time.perf_counter() - t0
         target_tree, nodes = tree.token_tree([0] + chain)
         emitted, path = st.verify_and_commit(target_tree, tree.forwards, stage2_proposed=tree.reviewed,
-                                             stage2_accepted=tree.review_kept)
+                                             stage2_accepted=tree.review_kept,
+                                             tree_nodes={"reviewed": tree.reviewed_mask(nodes)})
         tree.commit(nodes[path])
         return emitted

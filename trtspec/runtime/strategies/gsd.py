@@ -101,7 +101,8 @@ class GSD(Strategy):
         nodes = self._unroll(tree, merged)
         st.draft_seconds = time.perf_counter() - t0
         target_tree, sel = tree.token_tree(nodes)
-        emitted, path = st.verify_and_commit(target_tree, tree.forwards, merges=merges)
+        emitted, path = st.verify_and_commit(target_tree, tree.forwards, merges=merges,
+                                             tree_nodes={"borrowed": tree.borrowed[sel].tolist()})
         st.steps[-1].extra["merged_path"] = bool(tree.borrowed[sel[path]].any())
         tree.commit(sel[path])
         return emitted

@@ -83,6 +83,7 @@ class Staged(Strategy):
         st.draft_seconds = time.perf_counter() - t0
         target_tree, nodes = tree.token_tree()
         emitted, path = st.verify_and_commit(target_tree, tree.forwards, stage2_proposed=tree.reviewed,
-                                             stage2_accepted=tree.review_kept)
+                                             stage2_accepted=tree.review_kept,
+                                             tree_nodes={"reviewed": tree.reviewed_mask(nodes)})
         tree.commit(nodes[path])
         return emitted
