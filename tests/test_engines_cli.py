@@ -139,3 +139,26 @@ def test_config_errors(tmp_path):
 def test_build_refuses_existing_output(engines):
     with pytest.raises(FileExistsError, match="--force"):
         build_engines(load_config(TINY), engines, log=lambda *a, **k: None)
+
+
+def test_int8_draft_is_lossless(engines):
+    """A weight-only int8 draft changes only acceptance, never the output."""
+    gen = load_generator(engines, backend="torch")
+    from trtspec.engines.quantize import quantize_decoder
+    from trtspec.engines.torch_engine import TorchEngine
+    from trtspec.runtime.generator import Generator
+    q = Generator(gen.target.engine, TorchEngine(quantize_decoder(gen.draft.engine.model, "int8")),
+                  capacity=512, strategy_options=gen.config.strategies)
+    import torch
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.draft.engine.model.modules())
+    prompt = gen.tokenizer("for i in range(10):\n    print(i)\n")["input_ids"]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=24).token_ids
+    for strategy in ("chain", "staged", "dyspec", "gsd", "cascade"):
+        assert q.generate(prompt, strategy=strategy, max_new_tokens=24).token_ids == ref, strategy
+
+
+def test_quantized_target_refused(tmp_path):
+    bad = tmp_path / "q.yaml"
+    bad.write_text("name: x\ntarget: {model: 'tiny:0', quantize: int8}\n")
+    with pytest.raises(ConfigError, match="drafts only"):
+        load_config(bad)

@@ -40,12 +40,15 @@ class ModelEntry:
     dtype: str = "fp32"
     tiny: dict[str, Any] = field(default_factory=dict)   # tiny:SEED only: tiny_spec() overrides
     layers: int = 0   # >0: keep only the first N layers (+ final norm and head): a self-draft
+    quantize: str = "none"   # draft only: "int8" = weight-only dynamic int8 (torch backend)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
         if self.layers < 0:
             raise ConfigError(f"layers must be >= 0 (got {self.layers})")
+        if self.quantize not in ("none", "int8"):
+            raise ConfigError(f"quantize {self.quantize!r} is not one of none, int8")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -80,6 +83,9 @@ class Config:
     source: str = ""   # where it was read from (not part of the hash)
 
     def __post_init__(self) -> None:
+        if self.target.quantize != "none":
+            raise ConfigError("quantize is for drafts only: a quantized target would change the output; "
+                              "remove `quantize` from target (use dtype to choose its precision)")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.max_seq_len < 16:
@@ -110,6 +116,9 @@ class Config:
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
+        for role in ("target", "draft"):       # quantization happens at load, not at build
+            if keep.get(role):
+                keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -37,15 +37,16 @@ def engines_for_config(cfg: Config, log=print) -> Path:
     return build_engines(cfg, folder, force=True, log=log)
 
 
-def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int) -> Engine:
+def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none") -> Engine:
     spec = ModelSpec.from_dict(info["spec"])
     arts = info["artifacts"]
     dtype = info["dtype"]
     if backend == "torch":
         state = load_file(str(folder / arts["weights"]))
         model = Decoder.from_state(spec, state, DTYPES[dtype])
+        from .quantize import quantize_decoder
         from .torch_engine import TorchEngine
-        return TorchEngine(model)
+        return TorchEngine(quantize_decoder(model, quantize))
     if backend == "onnxruntime":
         from .onnxruntime_engine import OrtEngine
         for key in ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"):
@@ -73,7 +74,9 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
         torch.set_num_threads(threads)
     models = manifest["models"]
     target = load_engine(folder, "target", models["target"], backend, threads)
-    draft = load_engine(folder, "draft", models["draft"], backend, threads) if "draft" in models else None
+    draft = None
+    if "draft" in models:
+        draft = load_engine(folder, "draft", models["draft"], backend, threads, quantize=cfg.draft.quantize)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(folder / manifest["tokenizer"]))
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,

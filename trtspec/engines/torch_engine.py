@@ -14,7 +14,7 @@ class TorchEngine(Engine):
     def __init__(self, model: Decoder, device: str = "cpu"):
         self.model = model.to(device)
         self.spec = model.spec
-        self.kv_dtype = model.model.embed_tokens.weight.dtype
+        self.kv_dtype = model.model.embed_tokens.weight.dtype   # int8 drafts keep float embeddings
         self.device = device
 
     @torch.inference_mode()
