@@ -19,7 +19,7 @@ def snapshot(gen: Generator) -> dict:
     for name, runner in (("target", gen.target), ("draft", gen.draft)):
         out[name + ".runner"] = id(runner)
         out[name + ".cache"] = id(runner.cache)
-        for attr in ("_mask", "_pos", "_rows"):
+        for attr in ("_mask", "_rows"):
             t = getattr(runner, attr)
             out[f"{name}.{attr}"] = (id(t), t.data_ptr(), tuple(t.shape))
         buf = runner.cache.buf

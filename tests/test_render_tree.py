@@ -73,5 +73,7 @@ def test_token_label():
     assert token_label(5, lambda t: " a\tb") == "·a⇥b"
     assert token_label(5, lambda t: "\x00") == "\\x00"
     assert token_label(5, lambda t: "x" * 30) == "x" * 11 + "…"
+    assert token_label(5, lambda t: "\n" + " " * 12) == "↵·×12"
+    assert token_label(5, lambda t: "\ufffd") == "5"
     assert token_label(42) == "42" and token_label(42, lambda t: "") == "42"
     assert token_label(42, lambda t: VOCAB[t]) == "42"  # decoder error: fall back to the id

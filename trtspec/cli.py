@@ -142,6 +142,32 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         f"{s['mean_accepted']:.2f} tokens per target step")
 
 
+@main.command()
+@click.option("--config", "config_path", default=None, help="Config (engines built once into the cache unless --engines).")
+@click.option("--engines", "engines_dir", type=click.Path(), default=None, help="Prebuilt engine folder of that config.")
+@click.option("--dataset", required=True, help="humaneval | mtbench | FILE.jsonl of {id, prompt} or {id, messages}.")
+@click.option("--strategies", default="ar,chain,staged,gsd,dyspec,cascade", show_default=True,
+              help="Comma-separated; ar is always added (the baseline).")
+@click.option("--peers", default="hf,hf-assisted,hf-lookup", show_default=True,
+              help="Hugging Face transformers peers on the same weights, or 'none'.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="First N prompts (default: all).")
+@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--chat", is_flag=True, help="Chat template for plain-text prompts (MT-Bench always uses it).")
+@click.option("--output", type=click.Path(file_okay=False), default=None,
+              help="Results folder. Default: out/bench/CONFIG-DATASET-TIME.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Override the config's runtime backend.")
+@click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
+@user_errors
+def bench(**options) -> None:
+    """Benchmark strategies and HF peers: tokens/s, speedups, acceptance, time split, ceiling.
+
+    Writes results.json, results.md and PNG plots; see trtspec/tools/bench.py for the method."""
+    from .tools.bench import bench_main
+    bench_main(**options, log=functools.partial(click.echo, err=True))
+
+
 def _render_tree(result, step: int, tok, path: str, strategy: str) -> None:
     from .tools.render_tree import render_tree
     if step >= len(result.steps):

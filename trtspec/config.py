@@ -75,10 +75,15 @@ class Config:
     target: ModelEntry
     draft: ModelEntry | None = None
     backend: str = "torch"
+    device: str = "cpu"            # torch backend: cpu | cuda
+    cuda_graphs: bool = False      # torch backend: one graph per step shape (use with buckets)
     max_seq_len: int = 2048
     threads: int = 0
     strategy: str = "ar"
     strategies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Static-shape buckets {tokens: [...], cache: [...]}: T and C are padded up to these sizes so
+    # steps reuse a few shapes (CUDA graphs, TensorRT profiles). Off (exact shapes) when empty.
+    buckets: dict[str, list[int]] = field(default_factory=dict)
     build: BuildOptions = field(default_factory=BuildOptions)
     source: str = ""   # where it was read from (not part of the hash)
 
@@ -88,8 +93,15 @@ class Config:
                               "remove `quantize` from target (use dtype to choose its precision)")
         if self.backend not in BACKENDS:
             raise ConfigError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device {self.device!r} is not one of cpu, cuda")
         if self.max_seq_len < 16:
             raise ConfigError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
+        bad = set(self.buckets) - {"tokens", "cache"}
+        if bad or not all(isinstance(v, list) and all(isinstance(x, int) and x > 0 for x in v)
+                          for v in self.buckets.values()):
+            raise ConfigError("buckets must look like {tokens: [1, 8, 32], cache: [512, 1024, 2048]} "
+                              "(positive integers)")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "") -> "Config":
@@ -116,6 +128,8 @@ class Config:
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
+        for k in ("device", "cuda_graphs", "buckets"):   # runtime choices, not build inputs
+            keep.pop(k, None)
         for role in ("target", "draft"):       # quantization happens at load, not at build
             if keep.get(role):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}

@@ -37,7 +37,8 @@ def engines_for_config(cfg: Config, log=print) -> Path:
     return build_engines(cfg, folder, force=True, log=log)
 
 
-def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none") -> Engine:
+def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none",
+                device: str = "cpu", cuda_graphs: bool = False) -> Engine:
     spec = ModelSpec.from_dict(info["spec"])
     arts = info["artifacts"]
     dtype = info["dtype"]
@@ -46,7 +47,11 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
         model = Decoder.from_state(spec, state, DTYPES[dtype])
         from .quantize import quantize_decoder
         from .torch_engine import TorchEngine
-        return TorchEngine(quantize_decoder(model, quantize))
+        model = quantize_decoder(model, quantize)
+        if cuda_graphs:
+            from .cuda_graphs import GraphedTorchEngine
+            return GraphedTorchEngine(model, device)
+        return TorchEngine(model, device)
     if backend == "onnxruntime":
         from .onnxruntime_engine import OrtEngine
         for key in ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"):
@@ -73,14 +78,16 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     if threads:
         torch.set_num_threads(threads)
     models = manifest["models"]
-    target = load_engine(folder, "target", models["target"], backend, threads)
+    where = dict(device=cfg.device, cuda_graphs=cfg.cuda_graphs)
+    target = load_engine(folder, "target", models["target"], backend, threads, **where)
     draft = None
     if "draft" in models:
-        draft = load_engine(folder, "draft", models["draft"], backend, threads, quantize=cfg.draft.quantize)
+        draft = load_engine(folder, "draft", models["draft"], backend, threads, quantize=cfg.draft.quantize, **where)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(folder / manifest["tokenizer"]))
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
-                    stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies)
+                    stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
+                    buckets=cfg.buckets)
     gen.config = cfg
     gen.backend = backend
     return gen

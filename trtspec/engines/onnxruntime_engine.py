@@ -61,6 +61,9 @@ class OrtEngine(Engine):
 
     def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         t, r, used = input_ids.shape[0], logit_rows.shape[0], cache.used
+        if attn_mask.shape[1] != used + t:
+            # Padding the past would bind outputs inside the past's block; T-buckets are fine.
+            raise ValueError("the ONNX Runtime engine takes token buckets only, not cache-length buckets")
         if used + t > cache.capacity:
             cache.slots(t)  # raises the cache's CapacityError with its user-facing message
         buf = cache.buf

@@ -21,7 +21,8 @@ class TorchEngine(Engine):
     def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         t = input_ids.shape[0]
         slots = cache.slots(t)
-        logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, cache.past())
+        past = cache.past(attn_mask.shape[1] - t)   # = used, or a padded cache-length bucket
+        logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
         for dst, src in zip(slots, new_kv):
             dst.copy_(src)
         cache.advance(t)

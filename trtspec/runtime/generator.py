@@ -31,9 +31,9 @@ class GenerationResult:
 class Generator:
     def __init__(self, target: Engine, draft: Engine | None = None, tokenizer=None,
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
-                 strategy_options: dict[str, dict] | None = None):
-        self.target = ModelRunner(target, capacity)
-        self.draft = ModelRunner(draft, capacity) if draft is not None else None
+                 strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None):
+        self.target = ModelRunner(target, capacity, buckets=buckets)
+        self.draft = ModelRunner(draft, capacity, buckets=buckets) if draft is not None else None
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)

@@ -33,9 +33,10 @@ class KVCache:
     def used(self) -> int:
         return self.length + self.scratch
 
-    def past(self) -> list[torch.Tensor]:
-        """Views [k0, v0, k1, v1, ...] of every row written so far, each (used, Hkv, D)."""
-        u = self.used
+    def past(self, rows: int | None = None) -> list[torch.Tensor]:
+        """Views [k0, v0, k1, v1, ...] of the first `rows` rows (default: every row written so far).
+        More rows than `used` is a cache-length bucket: the extra stale rows are masked out."""
+        u = self.used if rows is None else rows
         return [self.buf[l, j, :u] for l in range(self.spec.num_layers) for j in (0, 1)]
 
     def slots(self, t: int) -> list[torch.Tensor]:

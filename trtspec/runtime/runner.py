@@ -12,15 +12,29 @@ from ..engines.base import Engine
 from .tree import TokenTree
 
 
+def bucket(n: int, sizes: list[int] | None) -> int:
+    """Smallest bucket >= n (n itself when bucketing is off or n is beyond the largest bucket)."""
+    if not sizes:
+        return n
+    return next((b for b in sizes if b >= n), n)
+
+
 class ModelRunner:
-    def __init__(self, engine: Engine, capacity: int, max_step_tokens: int = 256):
+    def __init__(self, engine: Engine, capacity: int, max_step_tokens: int = 256,
+                 buckets: dict[str, list[int]] | None = None):
         self.engine = engine
-        self.cache = engine.new_cache(capacity)
         self.max_step_tokens = max_step_tokens
-        # Flat buffers viewed as [T, used+T] each step: contiguous, allocated once.
-        self._mask = torch.empty(max_step_tokens * capacity, dtype=torch.bool)
-        self._pos = torch.empty(max_step_tokens, dtype=torch.int64)
-        self._rows = torch.arange(max_step_tokens, dtype=torch.int64)
+        # Static-shape buckets: T (new tokens) and C (cache length) are padded up to these sizes,
+        # so every step reuses a few shapes (CUDA graphs, TensorRT profiles). Padding is masked.
+        self.token_buckets = sorted((buckets or {}).get("tokens") or [])
+        self.cache_buckets = sorted((buckets or {}).get("cache") or [])
+        headroom = max(self.token_buckets, default=0)
+        self.cache = engine.new_cache(capacity + headroom)    # padded rows may spill past capacity
+        self.capacity = capacity
+        width = bucket(capacity, self.cache_buckets) + max(max_step_tokens, headroom)
+        # Flat buffers viewed as [T, C+T] each step: contiguous, allocated once.
+        self._mask = torch.empty(max(max_step_tokens, headroom) * width, dtype=torch.bool)
+        self._rows = torch.arange(max(max_step_tokens, headroom), dtype=torch.int64)
         self.forwards = 0
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor,
@@ -28,13 +42,38 @@ class ModelRunner:
         """tokens/positions [T]; new_mask [T, scratch+T] bool. Returns logits for `logit_rows` (default: all)."""
         t = tokens.shape[0]
         c = self.cache
-        total = c.used + t
-        mask = self._mask[: t * total].view(t, total)
-        mask[:, : c.length] = True
-        mask[:, c.length:] = new_mask
         rows = self._rows[:t] if logit_rows is None else logit_rows
         self.forwards += 1
-        return self.engine.step(c, tokens, positions, mask, rows)
+        tb = bucket(t, self.token_buckets)
+        past = bucket(c.used, self.cache_buckets) if self.cache_buckets else c.used
+        if tb == t and past == c.used:
+            total = c.used + t
+            mask = self._mask[: t * total].view(t, total)
+            mask[:, : c.length] = True
+            mask[:, c.length:] = new_mask
+            return self.engine.step(c, tokens, positions, mask, rows)
+        return self._run_padded(tokens, positions, new_mask, rows, tb, past)
+
+    def _run_padded(self, tokens, positions, new_mask, rows, tb: int, past: int) -> torch.Tensor:
+        """Pad T to tb and the past to `past` rows. Pad tokens see only themselves; stale cache rows
+        in [used, past) are seen by nobody; the pad rows' KV is written and then rolled back."""
+        t, c = tokens.shape[0], self.cache
+        total = past + tb
+        mask = self._mask[: tb * total].view(tb, total)
+        mask.zero_()
+        mask[:t, : c.length] = True
+        mask[:t, c.length: c.used] = new_mask[:, : c.scratch]
+        mask[:t, past: past + t] = new_mask[:, c.scratch:]
+        pad = torch.arange(t, tb)
+        mask[pad, past + pad] = True
+        ids = torch.zeros(tb, dtype=torch.int64)
+        ids[:t] = tokens
+        pos = torch.empty(tb, dtype=torch.int64)
+        pos[:t] = positions
+        pos[t:] = positions[-1]
+        logits = self.engine.step(c, ids, pos, mask, rows)
+        c.scratch -= tb - t                    # keep only the real rows
+        return logits
 
     def extend(self, tokens: list[int], last_only: bool = True) -> torch.Tensor:
         """Append a causal chunk after everything in the cache (committed + scratch, e.g. a chain)."""

