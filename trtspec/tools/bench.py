@@ -12,6 +12,7 @@ What it measures, per prompt and in aggregate, for each "runner" (our strategies
 - a zero-overhead ceiling (below) and measured / ceiling;
 - peak memory: VmHWM of the process, reset before each run where the kernel allows
   (/proc/self/clear_refs); it is process-wide, so it includes every model loaded (ours and HF's);
+  on CUDA also torch.cuda.max_memory_allocated per run (the CUDA path is untested here: no GPU);
 - exact agreement of every output with our `ar` (`first_divergence` = first differing index).
 
 Fairness: all runners produce exactly --max-new-tokens tokens (our stop ids are cleared for the
@@ -29,7 +30,8 @@ t_ar = F_ar / S_ar on the same prompt:
 
 i.e. the speedup over `ar` of a runtime with no cost but model forwards (drafting by n-gram lookup
 is free, prefill is ignored). `measured_over_ceiling` = measured speedup over `ar` / ceiling; `ar`
-itself has ceiling 1 exactly. The stats' draft_seconds / verify_seconds (which include some Python:
+itself has ceiling 1 exactly. The measured baseline includes ar's own overhead, so a strategy whose
+Python overhead per token is lower than ar's can exceed 1. The stats' draft_seconds / verify_seconds (which include some Python:
 tree building, acceptance) are what the time split reports.
 """
 from __future__ import annotations
@@ -241,6 +243,8 @@ class Bench:
         if self.gen.draft is not None:
             self.timers["draft"] = instrument(self.gen.draft)
         self.folder = folder
+        self.device = str(getattr(self.gen.target.engine, "device", "cpu"))
+        self.cuda = self.device.startswith("cuda")
         self.peers = None                  # load_peers(), once the prompts are known to encode
         self.runners = list(opts.strategies) + list(opts.peers)
         self.max_tree = max(s.max_tree_size() for s in self.strategies.values())
@@ -249,7 +253,7 @@ class Bench:
         if self.opts.peers:
             from .hf_peers import HFPeers
             self.peers = HFPeers(self.folder, self.opts.peers, dtype=self.gen.target.engine.kv_dtype,
-                                 lookup_tokens=self.opts.lookup_tokens)
+                                 lookup_tokens=self.opts.lookup_tokens, device=self.device)
 
     def fits(self, ids: list[int]) -> bool:
         return len(ids) + self.opts.max_new_tokens + self.max_tree <= self.gen.capacity
@@ -257,6 +261,8 @@ class Bench:
     def run(self, runner: str, ids: list[int], max_new: int) -> dict:
         rss_before = _status_mb("VmRSS")
         reset_peak_rss()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
         if runner in self.strategies:
             rec = self._run_ours(runner, ids, max_new)
         else:
@@ -270,6 +276,8 @@ class Bench:
         rec["forward_fraction"] = rec["forward_seconds"] / rec["seconds"] if rec["seconds"] > 0 else None
         rec["rss_before_mb"] = rss_before
         rec["peak_rss_mb"] = _status_mb("VmHWM")
+        if self.cuda:
+            rec["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
         return rec
 
     def _run_ours(self, name: str, ids: list[int], max_new: int) -> dict:
@@ -420,8 +428,9 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
     results = {
         "machine": info,
         "settings": {
-            **asdict(opts), "engines": str(folder), "config": cfg.name, "backend": bench.gen.backend,
+            **asdict(opts), "engines": str(folder), "config": cfg.name, "backend": bench.gen.backend, "device": bench.device,
             "target_dtype": cfg.target.dtype, "draft_dtype": cfg.draft.dtype if cfg.draft else None,
+            "draft_quantize": getattr(cfg.draft, "quantize", None),   # HF's assistant is never quantized
             "kv_capacity": bench.gen.capacity, "runners": bench.runners,
             "strategy_options": {s: bench.gen.strategy_options.get(s, {}) for s in opts.strategies},
             "stop_ids_ignored": bench.stop_ids, "warmup": f"one run per runner on the first prompt, "

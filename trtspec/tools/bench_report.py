@@ -64,7 +64,9 @@ def markdown(results: dict) -> str:
         f"{' '.join(m.get('loadavg_end') or [])} at end",
         f"- trtspec {v.get('trtspec')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"python {m['python']}",
-        f"- backend {s['backend']}, target {s['target_dtype']}, draft {s['draft_dtype']}; {n} prompts"
+        f"- backend {s['backend']} on {s.get('device', 'cpu')}, target {s['target_dtype']}, draft {s['draft_dtype']}"
+        + (f" (our draft quantized: {s['draft_quantize']}; HF's assistant is not)"
+           if s.get("draft_quantize") not in (None, "none") else "") + f"; {n} prompts"
         + (f" ({len(results['skipped'])} skipped: too long)" if results["skipped"] else "")
         + f", {s['max_new_tokens']} new tokens each (stop ids ignored, HF eos disabled), temperature "
           f"{s['temperature']}" + (", chat template" if s["chat"] else ""),

@@ -105,10 +105,12 @@ def hf_model_from_engine(folder: str | Path, role: str = "target", dtype: torch.
 
 
 class ForwardTimer:
-    """Forward hooks: count and time every call of a module; the first call after reset = prefill."""
+    """Forward hooks: count and time every call of a module; the first call after reset = prefill.
+    On CUDA each hook synchronizes first, so the time is the forward's, not its launch's (untested here)."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module: torch.nn.Module, sync: bool = False):
         self._t0 = 0.0
+        self._sync = sync
         self.reset()
         module.register_forward_pre_hook(self._pre)
         module.register_forward_hook(self._post)
@@ -119,9 +121,13 @@ class ForwardTimer:
         self.seconds = 0.0
 
     def _pre(self, *_):
+        if self._sync:
+            torch.cuda.synchronize()
         self._t0 = time.perf_counter()
 
     def _post(self, *_):
+        if self._sync:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - self._t0
         if self.calls == 0:
             self.first_seconds = dt
@@ -145,7 +151,8 @@ def _quiet_transformers():
 class HFPeers:
     """transformers target (and assistant) built from an engine folder; `run(peer, ids, ...)`."""
 
-    def __init__(self, folder: str | Path, peers: list[str], dtype: torch.dtype, lookup_tokens: int = 10):
+    def __init__(self, folder: str | Path, peers: list[str], dtype: torch.dtype, lookup_tokens: int = 10,
+                 device: str = "cpu"):
         bad = [p for p in peers if p not in PEERS]
         if bad:
             raise ValueError(f"unknown peer(s) {bad}; choose from {', '.join(PEERS)}")
@@ -154,14 +161,16 @@ class HFPeers:
             raise ValueError("peer hf-assisted needs a draft model, and this engine folder has none; "
                              "drop it from --peers")
         self.dtype = dtype
+        self.device = device                  # our engine's: cpu (tested), cuda (untested here)
         self.lookup_tokens = lookup_tokens
-        self.target = hf_model_from_engine(folder, "target", dtype)
-        self.draft = hf_model_from_engine(folder, "draft", dtype) if "hf-assisted" in peers else None
-        self.target_timer = ForwardTimer(self.target)
-        self.draft_timer = ForwardTimer(self.draft) if self.draft is not None else None
+        self.target = hf_model_from_engine(folder, "target", dtype).to(device)
+        self.draft = hf_model_from_engine(folder, "draft", dtype).to(device) if "hf-assisted" in peers else None
+        sync = device.startswith("cuda")
+        self.target_timer = ForwardTimer(self.target, sync)
+        self.draft_timer = ForwardTimer(self.draft, sync) if self.draft is not None else None
 
     def settings(self) -> dict:
-        return {"dtype": str(self.dtype).removeprefix("torch."),
+        return {"dtype": str(self.dtype).removeprefix("torch."), "device": self.device,
                 "attn_implementation": getattr(self.target.config, "_attn_implementation", None),
                 "eos": "disabled (eos_token_id=None; min_new_tokens = max_new_tokens)",
                 "assisted": "transformers defaults (num_assistant_tokens=20, schedule constant, "
@@ -184,10 +193,12 @@ class HFPeers:
         timers = [t for t in (self.target_timer, self.draft_timer) if t is not None]
         for t in timers:
             t.reset()
-        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         with _quiet_transformers():
             t0 = time.perf_counter()
             out = self.target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+            if self.device.startswith("cuda"):
+                torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
         new = out[0, len(prompt_ids):].tolist()
         tt = self.target_timer
