@@ -162,3 +162,17 @@ def test_quantized_target_refused(tmp_path):
     bad.write_text("name: x\ntarget: {model: 'tiny:0', quantize: int8}\n")
     with pytest.raises(ConfigError, match="drafts only"):
         load_config(bad)
+
+
+def test_cli_inspect_compare(engines):
+    res = CliRunner().invoke(main, ["inspect", "--engines", str(engines), "--compare"])
+    assert res.exit_code == 0, res.output
+    assert "hashes OK" in res.output and "onnx_fp32" in res.output
+    line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime"))
+    assert line.endswith("OK") and "argmax agreement 100%" in line
+    assert "polygraphy" in res.output      # the TensorRT comparison says why it did not run
+
+
+def test_tensorrt_backend_refused_with_reason(engines):
+    with pytest.raises(EngineError, match="TensorRT"):
+        load_generator(engines, backend="tensorrt")

@@ -168,6 +168,24 @@ def bench(**options) -> None:
     bench_main(**options, log=functools.partial(click.echo, err=True))
 
 
+@main.command()
+@click.option("--engines", "engines_dir", required=True, type=click.Path(), help="Engine folder to inspect.")
+@click.option("--compare", is_flag=True,
+              help="Run one identical random tree step through every backend available here and report "
+                   "logit differences vs torch (plus polygraphy TensorRT-vs-ONNX Runtime where both exist).")
+@click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True)
+@user_errors
+def inspect(engines_dir: str, compare: bool, role: str) -> None:
+    """Show an engine folder's models, artifacts and versions (verifying every hash)."""
+    from .tools.inspect_engines import compare as run_compare
+    from .tools.inspect_engines import describe
+    for line in describe(Path(engines_dir)):
+        click.echo(line)
+    if compare:
+        for line in run_compare(Path(engines_dir), role):
+            click.echo(line)
+
+
 def _render_tree(result, step: int, tok, path: str, strategy: str) -> None:
     from .tools.render_tree import render_tree
     if step >= len(result.steps):

@@ -64,8 +64,12 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
         if not plans:
             raise EngineError(f"{folder} has no TensorRT plan for {role}; build on a machine with TensorRT and "
                               "a CUDA GPU: trtspec build --backend tensorrt ...")
-        raise EngineError("executing TensorRT plans is not implemented yet (plans are built, not run); "
-                          "run this folder with --backend onnxruntime or --backend torch")
+        from .tensorrt_build import tensorrt_unavailable_reason
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
+        from .tensorrt_engine import TrtEngine   # not exercised in CI (see the module docstring)
+        return TrtEngine(folder / arts[plans[0]], spec, cuda_graphs=cuda_graphs)
     raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
 
 

@@ -1,0 +1,94 @@
+"""`trtspec inspect`: what an engine folder holds, and whether its backends agree.
+
+`--compare` runs one identical step (a prefilled cache, then a random token tree) through every
+backend that can run here, via the shared Engine interface, and reports the largest logit
+difference and argmax agreement against the torch engine. Where TensorRT and polygraphy both exist,
+polygraphy's Comparator also checks the ONNX graph under TensorRT vs ONNX Runtime (not exercised in
+CI: neither can be installed there).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from ..engines.load import load_engine
+from ..engines.manifest import verify
+from ..engines.tensorrt_build import tensorrt_unavailable_reason
+from ..runtime.runner import ModelRunner
+from ..runtime.tree import TokenTree
+
+
+def describe(folder: Path) -> list[str]:
+    m = verify(folder)
+    lines = [f"engine folder {folder} (contract v{m['contract_version']}, built {m['created']}, hashes OK)",
+             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
+    for role, info in m["models"].items():
+        s = info["spec"]
+        lines.append(f"{role}: {info['source']} · {s['arch']} {s['num_layers']} layers, hidden {s['hidden_size']}, "
+                     f"heads {s['num_heads']}/{s['num_kv_heads']}, vocab {s['vocab_size']} · {info['dtype']}")
+        for name, rel in info["artifacts"].items():
+            size = m["files"][rel]["bytes"] / 2**20
+            lines.append(f"  {name:<10} {rel} ({size:.1f} MiB)")
+    return lines
+
+
+def random_step(spec_vocab: int, n_prompt: int = 24, n_tree: int = 9, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, spec_vocab, (n_prompt,), generator=gen).tolist()
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n_tree)])
+    tree = TokenTree(torch.randint(0, spec_vocab, (n_tree,), generator=gen), parents)
+    return prompt, tree
+
+
+def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> list[str]:
+    m = verify(folder)
+    cfg = Config.from_dict(m["config"])
+    info = m["models"][role]
+    prompt, tree = random_step(info["spec"]["vocab_size"])
+    backends = ["torch", "onnxruntime"] + ([] if tensorrt_unavailable_reason() else ["tensorrt"])
+    results, lines = {}, []
+    for backend in backends:
+        try:
+            engine = load_engine(folder, role, info, backend, threads=cfg.threads)
+        except Exception as e:                    # a backend that cannot run this folder here
+            lines.append(f"{backend:<12} skipped: {e}")
+            continue
+        runner = ModelRunner(engine, capacity=len(prompt) + len(tree) + 8)
+        runner.prefill(prompt)
+        results[backend] = runner.verify(tree).float().clone()
+    ref = results.get("torch")
+    for backend, logits in results.items():
+        if backend == "torch" or ref is None:
+            continue
+        diff = float((logits - ref).abs().max())
+        scale = float(ref.abs().max())
+        agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
+        ok = "OK" if diff <= atol_scale * scale else "MISMATCH"
+        lines.append(f"{backend:<12} vs torch: max |Δlogit| {diff:.3g} (scale {scale:.3g}), argmax agreement "
+                     f"{agree:.0%} over {len(tree)} tree nodes — {ok}")
+    lines += _polygraphy(folder, info)
+    return lines
+
+
+def _polygraphy(folder: Path, info: dict) -> list[str]:
+    reason = tensorrt_unavailable_reason()
+    if reason:
+        return [f"polygraphy TensorRT-vs-ONNX Runtime check skipped: {reason}"]
+    try:
+        from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+        from polygraphy.comparator import Comparator
+    except ImportError:
+        return ["polygraphy not installed: pip install polygraphy (trtspec[tensorrt])"]
+    arts = info["artifacts"]
+    onnx_key = next((k for k in arts if k.startswith("onnx_")), None)
+    plan_key = next((k for k in arts if k.startswith("plan_")), None)
+    if not (onnx_key and plan_key):
+        return ["polygraphy check skipped: the folder has no ONNX + TensorRT plan pair"]
+    runners = [OnnxrtRunner(SessionFromOnnx(str(folder / arts[onnx_key]))),
+               TrtRunner(EngineFromBytes((folder / arts[plan_key]).read_bytes()))]
+    results = Comparator.run(runners)
+    ok = bool(Comparator.compare_accuracy(results))
+    return [f"polygraphy TensorRT vs ONNX Runtime: {'OK' if ok else 'MISMATCH'}"]
