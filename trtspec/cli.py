@@ -107,8 +107,9 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         raise click.UsageError("give --engines DIR or --config PATH, not both")
     text = prompt if prompt is not None else Path(prompt_file).read_text()
     log = functools.partial(click.echo, err=True)
-    folder = Path(engines_dir) if engines_dir else engines_for_config(load_config(config_path), log=log)
-    gen = load_generator(folder, backend=backend, threads=threads)
+    cfg = None if engines_dir else load_config(config_path)
+    folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
+    gen = load_generator(folder, backend=backend, threads=threads, config=cfg)
     tok = gen.tokenizer
     if chat:
         if not getattr(tok, "chat_template", None):

@@ -73,10 +73,18 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
     raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
 
 
-def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None) -> Generator:
+def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
+                   config: Config | None = None) -> Generator:
+    """`config`: runtime choices (strategy options, threads, buckets, device, draft quantization) to
+    use instead of the ones recorded at build time; it must describe the same build (digest)."""
     folder = Path(folder)
     manifest = verify(folder)
     cfg = Config.from_dict(manifest["config"])
+    if config is not None:
+        if config.digest() != cfg.digest():
+            raise EngineError(f"{folder} was built from a different config than {config.source or config.name}; "
+                              f"rebuild: trtspec build --config {config.source or 'CONFIG'} --output {folder}")
+        cfg = config
     backend = backend or cfg.backend
     threads = cfg.threads if threads is None else threads
     if threads:

@@ -230,10 +230,10 @@ class Bench:
     """Loaded generator (+ HF peers), instrumented; `run(runner, ids, max_new)` -> record."""
 
     def __init__(self, folder: Path, opts: BenchOptions, strategy_options: dict | None = None,
-                 backend: str | None = None, threads: int | None = None):
+                 backend: str | None = None, threads: int | None = None, config=None):
         from ..engines.load import load_generator
         self.opts = opts
-        self.gen = load_generator(folder, backend=backend, threads=threads)
+        self.gen = load_generator(folder, backend=backend, threads=threads, config=config)
         if strategy_options is not None:
             self.gen.strategy_options = strategy_options
         self.stop_ids = sorted(self.gen.stop_ids)
@@ -372,8 +372,11 @@ def _median(xs: list[float]) -> float | None:
 
 def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, strategy_options: dict | None = None,
               backend: str | None = None, threads: int | None = None, command: str | None = None,
-              settings: dict | None = None, log: Callable[[str], None] = print, progress: bool = True) -> dict:
-    """Run the benchmark, write results.json / results.md / plots into `output`; return the results."""
+              settings: dict | None = None, log: Callable[[str], None] = print, progress: bool = True,
+              config=None) -> dict:
+    """Run the benchmark, write results.json / results.md / plots into `output`; return the results.
+    `config`: the runtime choices to use (strategy options, draft quantization, ...), if not the
+    ones recorded in the engine folder."""
     import json
 
     from tqdm import tqdm
@@ -384,7 +387,7 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         opts.strategies = ["ar"] + list(opts.strategies)    # the baseline every speedup is relative to
     folder, output = Path(folder), Path(output)
     prompts: list[Prompt] = load_prompts(opts.dataset, opts.limit)
-    bench = Bench(folder, opts, strategy_options=strategy_options, backend=backend, threads=threads)
+    bench = Bench(folder, opts, strategy_options=strategy_options, backend=backend, threads=threads, config=config)
     tok = bench.gen.tokenizer
     encoded, skipped = [], []
     for p in prompts:
@@ -480,7 +483,7 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     out = Path(output) if output else Path("out") / "bench" / f"{name}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     threads = threads if threads is not None else (cfg.threads if cfg else None)
     results = run_bench(folder, opts, out, strategy_options=cfg.strategies if cfg else None, backend=backend,
-                        threads=threads, command=command, log=log)
+                        threads=threads, command=command, log=log, config=cfg)
     log(aggregate_table(results))
     log(f"results written to {out}/ ({', '.join(results['files'])})")
     return results

@@ -40,7 +40,8 @@ class Cascade(Strategy):
 
     def step(self, st: DecodeState) -> list[int]:
         t0 = time.perf_counter()
-        tree = DraftTree(st, capacity=self.max_tree_size() + self.mag_len + 2)
+        # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
+        tree = DraftTree(st, capacity=self.k_draft * (self.mag_len + 1) + self.k_mag + 2)
         chain: list[int] = []                       # node ids, in order
         last = 0
         while len(chain) < self.k_draft:

@@ -13,9 +13,11 @@ class NGramSpeculative(Strategy):
     """Chain decoding with the statistical n-gram drafter: no draft model, drafts cost ~µs."""
     name = "ngram"
 
-    def __init__(self, k: int = 8, drafter: NGramDrafter | None = None):
+    def __init__(self, k: int = 8, min_ngram: int = 1, drafter: NGramDrafter | None = None):
         self.k = k
-        self.drafter = drafter or NGramDrafter()
+        # min_ngram > 1 drafts only on longer matches: where verifying extra tokens is not free
+        # (a CPU step over T tokens costs more than one over 1), junk drafts cost real time.
+        self.drafter = drafter or NGramDrafter(min_ngram=min_ngram)
 
     def max_tree_size(self) -> int:
         return self.k + 1

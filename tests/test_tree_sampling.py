@@ -1,0 +1,198 @@
+"""Lossless sampling for every tree strategy: emitted tokens are exact samples from the target.
+
+On the 16-token tiny pair (draft at total-variation distance ~0.2-0.5 from the target), the joint
+distribution of the first two generated tokens (N generations with distinct seeds) is compared by
+chi-square with the exact one computed from cache-free target forwards (p > 1e-3 passes):
+
+* dyspec (heap and threshold): children sampled WITHOUT replacement, each with q = the residual it
+  was drawn from (checked structurally too: a sibling's q row is the previous one with the previous
+  token removed, renormalised);
+* staged, gsd (with merges), cascade (lenience 1 and 3, with a bigram table): deterministic children,
+  verified with q = one-hot (no q rows at all);
+* one top-k + top-p case for dyspec and gsd.
+
+Broken variants that the same machinery must reject (p < 1e-6): dyspec recording q = the ORIGINAL
+draft distribution for every child instead of the residual (a realistic bug), and, for a
+deterministic-children strategy, the verifier skipping the residual update after a rejection.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import SMALL_VOCAB, reference_logits
+from test_sampling_exact import chisquare_p, exact_first_two, fit, reference_probs, sample_first
+from test_sampling_exact import verify_sampling_no_residual
+from trtspec.runtime import decode as decode_mod
+from trtspec.runtime.sampling import SamplingParams
+from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged
+from trtspec.runtime.strategies import dyspec as dyspec_mod
+from trtspec.runtime.verify import verify_sampling
+
+PASS_P = 1e-3
+REJECT_P = 1e-6
+T1 = SamplingParams(temperature=1.0)
+TKP = SamplingParams(temperature=0.8, top_k=6, top_p=0.9)
+PROMPT = [1, 2, 3, 4, 1, 2, 3]     # repetitive: n-gram / MaG proposals and GSD merges fire
+SHORT = [7]
+N = 800
+
+
+def make(name: str, bigram: str | None = None):
+    return {
+        "staged": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2=True, stage2_len=3),
+        "dyspec-heap": lambda: DySpec("heap", budget=6, batch=3, max_depth=3),
+        "dyspec-threshold": lambda: DySpec("threshold", budget=6, threshold=0.1, max_depth=3),
+        "gsd": lambda: GSD(top_k=3, sibling_ratio=0.05, confidence=0.05, repeat=0, budget=8, max_depth=3,
+                           max_draft_nodes=16),
+        "cascade": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3),
+        "cascade-lenient-bigram": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3, lenience=3.0, bigram=bigram),
+    }[name]()
+
+
+@pytest.fixture(scope="module")
+def bigram(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("bigram") / "bigram16.npy"
+    np.save(path, np.random.default_rng(3).integers(0, SMALL_VOCAB, size=SMALL_VOCAB, dtype=np.int64))
+    return str(path)
+
+
+class Spy:
+    """Wraps verify_sampling: records which trees carried q rows and checks every q row."""
+
+    def __init__(self):
+        self.trees = self.sampled = self.merges = 0
+
+    def __call__(self, tree, probs, gen):
+        self.trees += 1
+        if tree.q is not None and not bool(torch.isnan(tree.q[1:]).all()):
+            self.sampled += 1
+            kids = tree.children()
+            for node in range(len(tree)):
+                prev = None
+                for c in kids[node]:
+                    q = tree.q[c].double()
+                    assert not torch.isnan(q).any(), "a sampled tree has a deterministic child"
+                    assert abs(float(q.sum()) - 1) < 1e-5 and q[int(tree.tokens[c])] > 0
+                    if prev is not None:           # without replacement: residual of the previous sibling
+                        expect = tree.q[prev].double().clone()
+                        expect[int(tree.tokens[prev])] = 0
+                        torch.testing.assert_close(q, expect / expect.sum(), atol=1e-5, rtol=1e-4)
+                    prev = c
+        return verify_sampling(tree, probs, gen)
+
+
+def run_case(small_pair, small_gen, monkeypatch, strat_name, sp, prompt, n, seed0, bigram=None):
+    spy = Spy()
+    monkeypatch.setattr(decode_mod, "verify_sampling", spy)
+    strat = make(strat_name, bigram)
+    counts = sample_first(small_gen, prompt, strat, sp, n, seed0)
+    joint = exact_first_two(small_pair.target, prompt, sp)
+    return fit(counts, joint), spy, strat
+
+
+def acceptance(small_gen, strat, sp, prompt, runs: int = 25) -> tuple[list[int], int, int]:
+    accepted, merges, merged_paths = [], 0, 0
+    for i in range(runs):
+        res = small_gen.generate(prompt, strategy=strat, max_new_tokens=5, sampling=sp, seed=900_000 + i)
+        accepted += [s.accepted for s in res.steps]
+        merges += sum(s.extra.get("merges", 0) for s in res.steps)
+        merged_paths += sum(s.extra.get("merged_path", False) for s in res.steps)
+    return accepted, merges, merged_paths
+
+
+CASES = [("staged", T1, PROMPT), ("dyspec-heap", T1, PROMPT), ("dyspec-threshold", T1, PROMPT),
+         ("gsd", T1, PROMPT), ("cascade", T1, PROMPT), ("cascade-lenient-bigram", T1, PROMPT),
+         ("dyspec-heap", TKP, SHORT), ("gsd", TKP, SHORT)]
+
+
+@pytest.mark.parametrize("name,sp,prompt", CASES,
+                         ids=[f"{c[0]}-{'t1' if c[1] == T1 else 'topk_topp'}" for c in CASES])
+def test_first_two_tokens_exact(small_pair, small_gen, bigram, monkeypatch, name, sp, prompt):
+    (p_first, p_joint), spy, strat = run_case(small_pair, small_gen, monkeypatch, name, sp, prompt, N,
+                                              50_000 + 7919 * CASES.index((name, sp, prompt)), bigram)
+    print(f"[pvalue] tree {name} {sp}: first {p_first:.3g} joint {p_joint:.3g}")
+    assert p_first > PASS_P and p_joint > PASS_P, (p_first, p_joint)
+    # the q rows are what the strategy promises: sampled children for dyspec, none otherwise
+    if name.startswith("dyspec"):
+        assert spy.sampled == spy.trees > 0
+    else:
+        assert spy.sampled == 0 and spy.trees > 0
+    # the speculation is not vacuous: drafts are accepted and rejected (and GSD merges)
+    monkeypatch.undo()
+    acc, merges, merged_paths = acceptance(small_gen, strat, sp, prompt)
+    print(f"[accept] tree {name} {sp}: mean accepted {np.mean(acc):.2f}, zero {acc.count(0)}/{len(acc)}, "
+          f"merges {merges}, merged paths {merged_paths}")
+    assert max(acc) >= 2 and 0 in acc
+    if name == "gsd":
+        assert merges > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken variants: the same test must reject them
+# ---------------------------------------------------------------------------------------------
+
+BROKEN_SP = SamplingParams(temperature=0.7)
+BROKEN_PROMPT = [4]          # draft far from the target here: without-replacement siblings matter
+N_BROKEN = 500
+
+
+def dyspec_root_fan() -> DySpec:
+    """Four children at the root, all sampled without replacement (depth 1: each is a leaf)."""
+    return DySpec("heap", budget=4, batch=4, max_depth=1)
+
+
+def first_token_p(small_pair, small_gen, strat, n, seed0) -> float:
+    p1 = reference_probs(reference_logits(small_pair.target, BROKEN_PROMPT)[-1], BROKEN_SP)
+    counts = sample_first(small_gen, BROKEN_PROMPT, strat, BROKEN_SP, n, seed0, ntok=1)
+    return chisquare_p(counts, p1)
+
+
+def test_dyspec_root_fan_exact(small_pair, small_gen):
+    """The configuration the broken variant is tested on is itself exact."""
+    pval = first_token_p(small_pair, small_gen, dyspec_root_fan(), N_BROKEN, 70_000)
+    print(f"[pvalue] dyspec root fan (correct q = residuals): first {pval:.3g}")
+    assert pval > PASS_P
+
+
+def test_dyspec_original_q_is_detected(small_pair, small_gen, monkeypatch):
+    """BROKEN: every child records q = the parent's original draft distribution instead of the residual
+    it was drawn from. Siblings 2.. are then accepted too often and the target residual goes wrong."""
+    orig = dyspec_mod.DySpec._child
+
+    def child_with_original_q(self, st, tree, parent, residual):
+        node, ry, rest = orig(self, st, tree, parent, residual)
+        tree.q[node] = tree.probs[parent].clone()
+        return node, ry, rest
+
+    monkeypatch.setattr(dyspec_mod.DySpec, "_child", child_with_original_q)
+    pval = first_token_p(small_pair, small_gen, dyspec_root_fan(), N_BROKEN, 70_000)
+    print(f"[pvalue] dyspec BROKEN q = original draft: first {pval:.3g}")
+    assert pval < REJECT_P, f"recording the original q for dyspec children was not detected (p={pval:.3g})"
+
+
+def test_dyspec_original_q_detected_in_joint_test(small_pair, small_gen, monkeypatch):
+    """The same bug through the main joint test's own machinery, on a deeper heap tree."""
+    orig = dyspec_mod.DySpec._child
+
+    def child_with_original_q(self, st, tree, parent, residual):
+        node, ry, rest = orig(self, st, tree, parent, residual)
+        tree.q[node] = tree.probs[parent].clone()
+        return node, ry, rest
+
+    monkeypatch.setattr(dyspec_mod.DySpec, "_child", child_with_original_q)
+    strat = DySpec("heap", budget=6, batch=3, max_depth=3)
+    counts = sample_first(small_gen, BROKEN_PROMPT, strat, BROKEN_SP, 400, 80_000)
+    p_first, p_joint = fit(counts, exact_first_two(small_pair.target, BROKEN_PROMPT, BROKEN_SP))
+    print(f"[pvalue] dyspec BROKEN deeper heap: first {p_first:.3g} joint {p_joint:.3g}")
+    assert min(p_first, p_joint) < REJECT_P
+
+
+def test_no_residual_verifier_is_detected_for_deterministic_children(small_pair, small_gen, monkeypatch):
+    """BROKEN verifier (no residual update after a rejected deterministic child) under gsd's top-k fan."""
+    monkeypatch.setattr(decode_mod, "verify_sampling", verify_sampling_no_residual)
+    strat = GSD(top_k=4, sibling_ratio=0.0, confidence=0.0, repeat=-1, budget=4, max_depth=1)
+    pval = first_token_p(small_pair, small_gen, strat, 2 * N_BROKEN, 90_000)
+    print(f"[pvalue] gsd BROKEN no-residual verifier: first {pval:.3g}")
+    assert pval < REJECT_P
