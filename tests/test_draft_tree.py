@@ -16,6 +16,8 @@
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -30,7 +32,7 @@ from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged
 from trtspec.runtime.strategies import gsd as gsd_mod
 
-SETTINGS = settings(max_examples=12, deadline=None, database=None)
+SETTINGS = settings(max_examples=int(os.environ.get("TRTSPEC_DRAFT_TREE_EXAMPLES", "12")), deadline=None, database=None)
 CAP = 160
 ALPHABET = [3, 17, 99, 250, 401, 7]
 GREEDY = SamplingParams()

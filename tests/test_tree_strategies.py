@@ -9,10 +9,9 @@ random llama / qwen2 (attention bias) / mistral pairs (vocab 512, flat draft dis
 Also: the speculation is not vacuous (drafts accepted and rejected, stage-2 tokens kept, GSD merges
 made and merged paths accepted), and every tree strategy runs through the ONNX Runtime backend.
 
-Known bug pinned here (strict xfail, see `test_cascade_capacity_bug`): Cascade sizes its DraftTree
-without counting the dead (rejected) review nodes, so repetitive prompts or a bigram table overflow
-it. The hypothesis test for cascade therefore draws (k_draft, mag_len) from the region where the
-capacity provably suffices.
+Regression (`test_cascade_capacity_regression`): Cascade once sized its DraftTree without counting
+the dead (rejected) review nodes, so repetitive prompts or a bigram table overflowed it (fixed in
+6f19e00); the hypothesis test draws (k_draft, mag_len) over the whole range again.
 """
 from __future__ import annotations
 
@@ -151,20 +150,12 @@ def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_
     assert strat.merges == sum(s.extra["merges"] for s in res.steps)
 
 
-def cascade_capacity_safe(k_draft: int, mag_len: int) -> bool:
-    """Whether Cascade's DraftTree capacity (k_draft + 2 mag_len + k_mag + 3) covers the worst case
-    1 + (k_draft - 1)(1 + mag_len) + 1 + k_mag (every review rejected at its first token, the
-    rejected chain nodes still occupying the tree): mag_len (k_draft - 3) <= 2."""
-    return mag_len * (k_draft - 3) <= 2
-
-
 @SETTINGS
-@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW),
-       km=hst.tuples(hst.integers(1, 8), hst.integers(0, 6)).filter(lambda t: cascade_capacity_safe(*t)),
+@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), k_draft=hst.integers(1, 8), mag_len=hst.integers(0, 6),
        k_mag=hst.integers(0, 4), lenience=hst.sampled_from([1.0, 3.0]), use_bigram=hst.booleans())
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, km, k_mag, lenience, use_bigram):
-    k_draft, mag_len = km
+def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_draft, mag_len, k_mag, lenience,
+                           use_bigram):
     vocab = gens[arch].target.engine.spec.vocab_size
     strat = Cascade(k_draft=k_draft, k_mag=k_mag, mag_len=mag_len, lenience=lenience,
                     bigram=bigram_tables[vocab] if use_bigram else None)
@@ -210,6 +201,7 @@ def test_gsd_merges_happen_and_merged_paths_are_accepted(gens, ar_ref):
     GSD(repeat=0), GSD(repeat=1), GSD(repeat=2, top_k=5, sibling_ratio=0.0, confidence=0.0),
     Cascade(k_draft=3, k_mag=4, mag_len=6), Cascade(k_draft=3, k_mag=2, mag_len=6, lenience=3.0),
     Cascade(k_draft=8, k_mag=4, mag_len=0), Cascade(k_draft=5, k_mag=3, mag_len=1, lenience=3.0),
+    Cascade(), Cascade(lenience=3.0),
 ], ids=lambda s: f"{s.name}-" + "-".join(f"{k}={v}" for k, v in vars(s).items()
                                             if isinstance(v, (int, float, str)) and k != "merges"))
 def test_fixed_strategies_equal_ar(gens, ar_ref, strat):
@@ -224,7 +216,7 @@ def test_cascade_with_bigram_fixed(gens, ar_ref, bigram_tables):
     for arch, prompts in FIXED_PROMPTS.items():
         vocab = gens[arch].target.engine.spec.vocab_size
         for lenience in (1.0, 3.0):
-            strat = Cascade(k_draft=3, k_mag=3, mag_len=4, lenience=lenience, bigram=bigram_tables[vocab])
+            strat = Cascade(k_draft=5, k_mag=3, mag_len=4, lenience=lenience, bigram=bigram_tables[vocab])
             for prompt in prompts:
                 res = gens[arch].generate(prompt, strategy=strat, max_new_tokens=MAX_NEW)
                 assert res.token_ids == ar_ref(arch, prompt, MAX_NEW)
@@ -256,26 +248,40 @@ def test_speculation_is_not_vacuous(gens):
 
 
 # ---------------------------------------------------------------------------------------------
-# Known bug: Cascade's DraftTree capacity
+# Regression: Cascade's DraftTree capacity must count rejected review nodes
 # ---------------------------------------------------------------------------------------------
 
-CASCADE_BUG = ("BUG trtspec/runtime/strategies/cascade.py:42: DraftTree(capacity=max_tree_size() + mag_len + 2) "
-               "does not count the dead nodes of rejected reviews (each draft forward adds 1 + mag_len nodes "
-               "even when the review keeps none), so up to 1 + (k_draft-1)(1+mag_len) + 1 + k_mag nodes are "
-               "added and DraftTree.add raises 'draft tree capacity exceeded' (e.g. the defaults on a "
-               "repetitive prompt, or any bigram table)")
+def cascade_worst_nodes(s: Cascade) -> int:
+    """Nodes one cascade step can add: the root, k_draft - 1 fed draft tokens each with a reviewed
+    MaG chain of mag_len tokens that the draft may reject (dead nodes still take slots), the last
+    draft token, and k_mag raw MaG tokens."""
+    return 1 + (s.k_draft - 1) * (1 + s.mag_len) + 1 + s.k_mag
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=CASCADE_BUG)
-@pytest.mark.parametrize("case", ["defaults-repetitive", "bigram-minimal"])
-def test_cascade_capacity_bug(gens, ar_ref, bigram_tables, case):
-    if case == "defaults-repetitive":        # Cascade() as configured by name, llama pair, [7] * 12
-        arch, prompt, strat, n = "llama", [7] * 12, Cascade(), MAX_NEW
-    else:                                    # capacity 13, 1 + 3 * 4 + 1 = 14 nodes on the first step
-        arch, prompt, n = "llama", [250], 1
-        strat = Cascade(k_draft=4, k_mag=0, mag_len=3, bigram=bigram_tables[512])
-    res = gens[arch].generate(prompt, strategy=strat, max_new_tokens=n)
-    assert res.token_ids == ar_ref(arch, prompt, n)
+@pytest.mark.parametrize("case", ["defaults-repetitive", "bigram-minimal", "bigram-defaults"])
+def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, case):
+    """Once: DraftTree(capacity=max_tree_size() + mag_len + 2) raised 'draft tree capacity exceeded'
+    for Cascade() on [7] * 12 and for Cascade(k_draft=4, k_mag=0, mag_len=3, bigram=random table) on
+    [250] (13 slots, 14 nodes on the first step). The capacity handed to DraftTree must cover the
+    worst case, and these runs must complete and equal ar."""
+    from trtspec.runtime.strategies import cascade as cascade_mod
+    if case == "defaults-repetitive":
+        prompt, strat, n = [7] * 12, Cascade(), MAX_NEW
+    elif case == "bigram-minimal":
+        prompt, strat, n = [250], Cascade(k_draft=4, k_mag=0, mag_len=3, bigram=bigram_tables[512]), 1
+    else:
+        prompt, strat, n = [3, 17, 99, 3, 17], Cascade(bigram=bigram_tables[512]), MAX_NEW
+    caps = []
+    real = cascade_mod.DraftTree
+
+    def spy(st, capacity=512):
+        caps.append(capacity)
+        return real(st, capacity)
+
+    monkeypatch.setattr(cascade_mod, "DraftTree", spy)
+    res = gens["llama"].generate(prompt, strategy=strat, max_new_tokens=n)
+    assert res.token_ids == ar_ref("llama", prompt, n)
+    assert caps and min(caps) >= cascade_worst_nodes(strat)
 
 
 # ---------------------------------------------------------------------------------------------
