@@ -70,3 +70,24 @@ def test_unbucketed_shapes_multiply_graphs(pair):
     bucketed = GraphedTorchEngine(pair[0], device="cpu")
     Generator(bucketed, None, capacity=256, buckets=BUCKETS).generate(PROMPT, strategy="ar", max_new_tokens=20)
     assert len(bucketed.graphs) < len(target.graphs)
+
+
+def test_staged_bucket_scatter_on_cpu(pair):
+    """The staging used by the TensorRT and ONNX Runtime CUDA-graph engines: inputs land in fixed
+    buffers and the staged new KV rows go to the moving cache slots."""
+    import torch
+
+    from trtspec.engines.staging import StagedBucket
+    spec = pair[0].spec
+    cache = TorchEngine(pair[0]).new_cache(64)
+    cache.length = 10
+    b = StagedBucket.make(spec, cache.buf.dtype, "cpu", t=3, total=16, r=2)
+    addrs = [b.inputs["attn_mask"].data_ptr(), b.logits.data_ptr(), b.new_kv[0].data_ptr()]
+    ids = torch.tensor([5, 6, 7])
+    b.load(cache, ids, torch.tensor([10, 11, 11]), torch.ones(3, 16, dtype=torch.bool), torch.tensor([0, 2]))
+    assert b.slot.tolist() == [10, 11, 12] and b.inputs["input_ids"].tolist() == [5, 6, 7]
+    for n, x in enumerate(b.new_kv):
+        x.fill_(n + 1)
+    b.scatter_new_kv(cache)
+    assert float(cache.buf[1, 1, 10:13].min()) == 4 and float(cache.buf[1, 1, 13].abs().max()) == 0
+    assert addrs == [b.inputs["attn_mask"].data_ptr(), b.logits.data_ptr(), b.new_kv[0].data_ptr()]

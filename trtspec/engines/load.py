@@ -53,6 +53,11 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
             return GraphedTorchEngine(model, device)
         return TorchEngine(model, device)
     if backend == "onnxruntime":
+        if device == "cuda" and cuda_graphs:     # not exercised in CI (no GPU): see the module
+            from .onnxruntime_cuda import OrtCudaGraphEngine
+            for key in ("onnx_fp16", "onnx_bf16", "onnx_fp32"):
+                if key in arts:
+                    return OrtCudaGraphEngine(folder / arts[key], spec, DTYPES[key.split("_")[1]])
         from .onnxruntime_engine import OrtEngine
         for key in ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"):
             if key in arts:

@@ -15,7 +15,6 @@ the second is captured on the engine's stream and replayed afterwards (Edge-LLM 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,19 +22,9 @@ import torch
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
 from .base import Engine
+from .staging import StagedBucket
 
 PREFILL_PROFILE, STEP_PROFILE = 0, 1        # as built by tensorrt_build.build_plan
-
-
-@dataclass
-class TrtBucket:
-    inputs: dict[str, torch.Tensor]
-    new_kv: list[torch.Tensor]
-    logits: torch.Tensor
-    slot: torch.Tensor
-    graph: object | None = None
-    runs: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 class TrtEngine(Engine):
@@ -59,17 +48,16 @@ class TrtEngine(Engine):
         self.kv_dtype = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
                          trt.DataType.BF16: torch.bfloat16}[kv]
         self.cuda_graphs, self.max_step_tokens = cuda_graphs, max_step_tokens
-        self.buckets: dict[tuple, TrtBucket] = {}
+        self.buckets: dict[tuple, StagedBucket] = {}
 
     def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         t, total, r = input_ids.shape[0], attn_mask.shape[1], logit_rows.shape[0]
         cache.slots(t)                                           # capacity check
         key = (cache.buf.data_ptr(), t, total, r)
-        b = self.buckets.get(key) or self._bucket(key, cache, t, total, r)
-        for name, x in (("input_ids", input_ids), ("position_ids", position_ids), ("attn_mask", attn_mask),
-                        ("logit_rows", logit_rows)):
-            b.inputs[name].copy_(x, non_blocking=True)
-        torch.arange(cache.used, cache.used + t, out=b.slot)
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = StagedBucket.make(self.spec, self.kv_dtype, cache.buf.device, t, total, r)
+        b.load(cache, input_ids, position_ids, attn_mask, logit_rows)
         with torch.cuda.stream(self.stream):
             if b.graph is not None:
                 b.graph.replay()
@@ -81,26 +69,12 @@ class TrtEngine(Engine):
                 b.runs += 1
                 if self.cuda_graphs and b.runs == 1:             # warm-up done: capture the next one
                     b.graph = self._capture(ctx)
-            for n, x in enumerate(b.new_kv):
-                cache.buf[n // 2, n % 2].index_copy_(0, b.slot, x)
+            b.scatter_new_kv(cache)
         torch.cuda.current_stream().wait_stream(self.stream)
         cache.advance(t)
         return b.logits
 
-    def _bucket(self, key: tuple, cache: KVCache, t: int, total: int, r: int) -> TrtBucket:
-        dev, hkv, d = cache.buf.device, self.spec.num_kv_heads, self.spec.head_dim
-        b = TrtBucket(
-            inputs={"input_ids": torch.zeros(t, dtype=torch.int64, device=dev),
-                    "position_ids": torch.zeros(t, dtype=torch.int64, device=dev),
-                    "attn_mask": torch.zeros(t, total, dtype=torch.bool, device=dev),
-                    "logit_rows": torch.zeros(r, dtype=torch.int64, device=dev)},
-            new_kv=[torch.zeros(t, hkv, d, dtype=self.kv_dtype, device=dev) for _ in range(2 * self.spec.num_layers)],
-            logits=torch.zeros(r, self.spec.vocab_size, dtype=torch.float32, device=dev),
-            slot=torch.zeros(t, dtype=torch.int64, device=dev))
-        self.buckets[key] = b
-        return b
-
-    def _bind(self, ctx, b: TrtBucket, cache: KVCache, t: int, total: int) -> None:
+    def _bind(self, ctx, b: StagedBucket, cache: KVCache, t: int, total: int) -> None:
         for name, x in b.inputs.items():
             ctx.set_input_shape(name, tuple(x.shape))
             ctx.set_tensor_address(name, x.data_ptr())
