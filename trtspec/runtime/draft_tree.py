@@ -5,7 +5,7 @@ token). A node is *fed* once the draft has run on its token: its KV row sits in 
 and `probs[node]` (the draft's distribution over its children) is known. Many nodes are fed in one
 batched draft forward; each sees the committed prefix, the pending chain, and its own ancestors.
 
-`feed(nodes, review=...)` also lets a cheaper drafter's chain be *reviewed* by the draft in the same
+`feed(nodes, chains=...)` also lets a cheaper drafter's chain be *reviewed* by the draft in the same
 forward (staged speculation / vertical cascade): chain tokens are fed speculatively and kept only
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
 marked dead and never reach the target.
