@@ -167,8 +167,9 @@ def bench(**options) -> None:
     Writes results.json, results.md and PNG plots; see trtspec/tools/bench.py for the method."""
     from .tools.bench import bench_main
     # Record the invocation as given (also under a test runner, where sys.argv is the runner's).
-    argv = ["trtspec", "bench"]
-    argv += [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v not in (None, False)]
+    flags = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+    argv = ["trtspec", "bench"] + [f"{flags[k]}={v}" if v is not True else flags[k]
+                                   for k, v in options.items() if v not in (None, False)]
     bench_main(**options, log=functools.partial(click.echo, err=True), command=" ".join(argv))
 
 
