@@ -176,3 +176,24 @@ def test_cli_inspect_compare(engines):
 def test_tensorrt_backend_refused_with_reason(engines):
     with pytest.raises(EngineError, match="TensorRT"):
         load_generator(engines, backend="tensorrt")
+
+
+def test_cli_chat_without_template_is_a_clear_error(engines):
+    res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "hi", "--chat"])
+    assert res.exit_code == 2 and "chat template" in res.output and "Traceback" not in res.output
+
+
+def test_cli_chat_uses_the_template(engines, tmp_path):
+    """With a template, --chat encodes through it (transformers 5 returns a BatchEncoding)."""
+    eng = copy_engines(engines, tmp_path)
+    cfg = eng / "tokenizer" / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    data["chat_template"] = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
+    cfg.write_text(json.dumps(data))
+    from trtspec.engines.manifest import write_manifest
+    m = json.loads((eng / "manifest.json").read_text())
+    write_manifest(eng, {k: v for k, v in m.items() if k not in ("format", "contract_version", "created", "versions", "files")})
+    res = CliRunner().invoke(main, ["run", "--engines", str(eng), "--prompt", "x = 1", "--chat",
+                                    "--max-new-tokens", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output.strip().splitlines()[-1])["stats"]["new_tokens"] == 4

@@ -111,13 +111,11 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
     gen = load_generator(folder, backend=backend, threads=threads, config=cfg)
     tok = gen.tokenizer
-    if chat:
-        if not getattr(tok, "chat_template", None):
-            raise click.UsageError("this model's tokenizer has no chat template; drop --chat")
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    else:
-        ids = tok(text)["input_ids"]
+    from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
+    try:
+        ids = encode(Prompt(id="prompt", text=text), tok, chat=chat)
+    except DatasetError as e:
+        raise click.UsageError(str(e)) from None
     if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
         raise click.UsageError("--show-tree needs a .png or .svg file name")
     kwargs = dict(strategy=strategy or gen.config.strategy, max_new_tokens=max_new_tokens,
