@@ -147,6 +147,20 @@ class DraftTree:
     def reviewed_mask(self, nodes: np.ndarray) -> list[bool]:
         return self.from_review[nodes].tolist()
 
+    def context(self, node: int) -> np.ndarray:
+        """The sequence as it would read with `node` accepted: emitted tokens + the path to node."""
+        path = self.tokens[: self.size][self.anc[node, : self.size]]
+        return np.concatenate([self.st.tokens(), path[1:]])
+
+    def finish(self, nodes: list[int] | None = None, **extra) -> tuple[list[int], np.ndarray]:
+        """Hand the tree (alive nodes, or `nodes`) to the target, commit both caches.
+        Returns (emitted tokens, accepted path as draft-tree node ids)."""
+        target_tree, sel = self.token_tree(nodes)
+        extra["tree_nodes"] = {"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()}
+        emitted, path = self.st.verify_and_commit(target_tree, self.forwards, **extra)
+        self.commit(sel[path])
+        return emitted, sel[path]
+
     def commit(self, path_nodes: np.ndarray) -> None:
         """Keep the pending rows and the rows of accepted nodes fed under their own prefix."""
         rows = list(range(len(self.pending)))

@@ -49,18 +49,11 @@ class Cascade(Strategy):
             chain.append(node)
             if len(chain) >= self.k_draft:
                 break                                # a leaf: no need to feed it
-            ctx = np.concatenate([st.tokens(), tree.tokens[chain]])
-            proposal = self.mag.propose(ctx, self.mag_len)
+            proposal = self.mag.propose(tree.context(node), self.mag_len)
             fed = tree.feed([node], {node: proposal} if proposal else None, self.lenience)
             chain += fed[1:]
             last = chain[-1]
-        ctx = np.concatenate([st.tokens(), tree.tokens[chain]])
-        for tok in self.mag.propose(ctx, self.k_mag):              # raw MaG tier, unreviewed
+        for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
             chain.append(tree.add(chain[-1], int(tok)))
         st.draft_seconds = time.perf_counter() - t0
-        target_tree, nodes = tree.token_tree([0] + chain)
-        emitted, path = st.verify_and_commit(target_tree, tree.forwards, stage2_proposed=tree.reviewed,
-                                             stage2_accepted=tree.review_kept,
-                                             tree_nodes={"reviewed": tree.reviewed_mask(nodes)})
-        tree.commit(nodes[path])
-        return emitted
+        return tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)[0]

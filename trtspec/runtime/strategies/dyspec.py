@@ -61,10 +61,7 @@ class DySpec(Strategy):
         else:
             self._threshold(st, tree)
         st.draft_seconds = time.perf_counter() - t0
-        target_tree, nodes = tree.token_tree()
-        emitted, path = st.verify_and_commit(target_tree, tree.forwards)
-        tree.commit(nodes[path])
-        return emitted
+        return tree.finish()[0]
 
     def _heap(self, st: DecodeState, tree: DraftTree) -> None:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)

@@ -100,11 +100,8 @@ class GSD(Strategy):
         self.merges += merges
         nodes = self._unroll(tree, merged)
         st.draft_seconds = time.perf_counter() - t0
-        target_tree, sel = tree.token_tree(nodes)
-        emitted, path = st.verify_and_commit(target_tree, tree.forwards, merges=merges,
-                                             tree_nodes={"borrowed": tree.borrowed[sel].tolist()})
-        st.steps[-1].extra["merged_path"] = bool(tree.borrowed[sel[path]].any())
-        tree.commit(sel[path])
+        emitted, path = tree.finish(nodes, merges=merges)
+        st.steps[-1].extra["merged_path"] = bool(tree.borrowed[path].any())
         return emitted
 
     def _unroll(self, tree: DraftTree, merged: dict[int, list[int]]) -> list[int]:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import heapq
 import time
 
-import numpy as np
-
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
@@ -71,8 +69,7 @@ class Staged(Strategy):
             chains = {}
             if self.stage2:                             # n-gram chain after the most likely new node
                 best = new[0]
-                ctx = np.concatenate([st.tokens(), tree.tokens[: tree.size][tree.anc[best, : tree.size]][1:]])
-                proposal = self.ngram.propose(ctx, self.stage2_len)
+                proposal = self.ngram.propose(tree.context(best), self.stage2_len)
                 if proposal:
                     chains[best] = proposal
             for node in tree.feed(new, chains):
@@ -81,9 +78,4 @@ class Staged(Strategy):
                     value[node] = value[parent] * float(tree.probs[parent][int(tree.tokens[node])])
                 self._push(heap, tree, node, value[node])
         st.draft_seconds = time.perf_counter() - t0
-        target_tree, nodes = tree.token_tree()
-        emitted, path = st.verify_and_commit(target_tree, tree.forwards, stage2_proposed=tree.reviewed,
-                                             stage2_accepted=tree.review_kept,
-                                             tree_nodes={"reviewed": tree.reviewed_mask(nodes)})
-        tree.commit(nodes[path])
-        return emitted
+        return tree.finish(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)[0]
