@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import reference_logits
 from trtspec.export.checkpoint import load_checkpoint, load_decoder
 from trtspec.export.spec import SpecError
 
@@ -42,14 +43,6 @@ def hf_model(arch: str, seed: int = 0):
     return model
 
 
-def decoder_logits(dec, tokens: list[int]) -> torch.Tensor:
-    t, spec = len(tokens), dec.spec
-    past = [torch.zeros(0, spec.num_kv_heads, spec.head_dim) for _ in range(2 * spec.num_layers)]
-    with torch.no_grad():
-        logits, _ = dec(torch.tensor(tokens), torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril(),
-                        torch.arange(t), past)
-    return logits
-
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> dict[str, tuple[Path, object]]:
@@ -73,7 +66,7 @@ def test_hf_round_trip_matches_transformers(saved, arch):
     tokens = [3, 17, 42, 5, 96, 0, 61, 8, 23, 77, 12, 40, 9, 33, 1, 50, 70, 2, 90, 11]
     with torch.no_grad():
         ref = model(torch.tensor([tokens])).logits[0].float()
-    ours = decoder_logits(dec, tokens)
+    ours = reference_logits(dec, tokens)
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import reference_logits
 from trtspec.export.checkpoint import load_checkpoint, load_decoder
 from trtspec.export.gguf_loader import GGUFFile, load_gguf, spec_from_gguf
 from trtspec.export.spec import SpecError
@@ -79,14 +80,6 @@ def tiny_hf(arch: str, **kw):
     return cfg, model
 
 
-def decoder_logits(dec, tokens: list[int]) -> torch.Tensor:
-    t, spec = len(tokens), dec.spec
-    past = [torch.zeros(0, spec.num_kv_heads, spec.head_dim) for _ in range(2 * spec.num_layers)]
-    with torch.no_grad():
-        logits, _ = dec(torch.tensor(tokens), torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril(),
-                        torch.arange(t), past)
-    return logits
-
 
 TOKENS = [3, 17, 42, 5, 96, 0, 61, 8, 23, 77, 12, 40, 9, 33, 1, 50]
 
@@ -119,7 +112,7 @@ def test_f32_gguf_gives_back_hf_weights_and_logits(tmp_path, arch):
         assert torch.equal(state[k], v), k
     with torch.no_grad():
         ref = model(torch.tensor([TOKENS])).logits[0]
-    ours = decoder_logits(load_decoder(path), TOKENS)
+    ours = reference_logits(load_decoder(path), TOKENS)
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
@@ -259,7 +252,7 @@ def test_smollm2_matches_transformers(smollm2, monkeypatch):
     from trtspec.export.model import Decoder
 
     tokens = [1, 19556, 905, 216, 2, 753, 275, 24, 104, 727, 3805, 1003]
-    ours = decoder_logits(Decoder.from_state(spec, state, torch.float32), tokens)
+    ours = reference_logits(Decoder.from_state(spec, state, torch.float32), tokens)
     with torch.no_grad():
         ref = ref_model(torch.tensor([tokens])).logits[0]
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()

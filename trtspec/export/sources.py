@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 
 from ..config import ConfigError, ModelEntry
 from .model import Decoder
@@ -52,6 +51,3 @@ def load_tokenizer_for(entry: ModelEntry):
     from .packs import resolve_model
     return load_tokenizer(resolve_model(entry.model))
 
-
-def model_dtype(model: Decoder) -> torch.dtype:
-    return model.model.embed_tokens.weight.dtype

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
@@ -128,6 +128,3 @@ class Generator:
                 yield text[len(shown):]
                 shown = text
 
-
-def stats_dict(steps: list[StepStats]) -> list[dict]:
-    return [asdict(s) for s in steps]
