@@ -14,7 +14,8 @@ from click.testing import CliRunner
 from trtspec.cli import main
 from trtspec.config import load_config
 from trtspec.engines.build import build_engines
-from trtspec.tools.bench import SUM_KEYS, ceiling_speedup, first_divergence, parse_list
+from trtspec.tools.bench import (SUM_KEYS, Bench, BenchOptions, ceiling_speedup, first_divergence, parse_list,
+                                 run_bench)
 from trtspec.tools.datasets import DatasetError, Prompt, encode, load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,6 +67,7 @@ def results(bench_out) -> dict:
 
 
 def test_files_exist_and_parse(bench_out, results):
+    assert not (bench_out / "partial.json").exists()      # only an interrupted run leaves it
     import matplotlib.pyplot as plt
     for name in ("speedup.png", "accepted_hist.png", "time_split.png"):
         img = plt.imread(bench_out / name)
@@ -181,6 +183,30 @@ def test_first_divergence_and_ceiling_helpers():
     assert ceiling_speedup(0, 1.0, 0.0, 1.0, 1) is None
 
 
+def test_stride_takes_every_nth_prompt(prompts_file):
+    assert [p.id for p in load_prompts(str(prompts_file), stride=2)] == ["fib", "json"]
+    assert [p.id for p in load_prompts(str(prompts_file), limit=1, stride=3)] == ["fib"]
+
+
+def test_an_interrupted_run_keeps_what_it_measured(engines, prompts_file, tmp_path, monkeypatch):
+    real_run, calls = Bench.run, []
+
+    def run_then_fail(self, name, ids, max_new):
+        calls.append(name)
+        if len(calls) == 5:              # 2 warm-up runs, prompt 1 (ar, chain), then prompt 2 fails
+            raise KeyboardInterrupt
+        return real_run(self, name, ids, max_new)
+
+    monkeypatch.setattr(Bench, "run", run_then_fail)
+    opts = BenchOptions(dataset=str(prompts_file), strategies=["chain"], peers=[], limit=3, max_new_tokens=4)
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(engines, opts, tmp_path / "res", threads=1, progress=False, log=lambda *a: None)
+    partial = json.loads((tmp_path / "res" / "partial.json").read_text())
+    assert [p["id"] for p in partial["prompts"]] == ["fib"]
+    assert set(partial["prompts"][0]["runs"]) == {"ar", "chain"}
+    assert not (tmp_path / "res" / "results.json").exists()
+
+
 def test_parse_list():
     assert parse_list("chain, ngram,chain", ["ar", "chain", "ngram"], "strategy") == ["chain", "ngram"]
     assert parse_list("none", ["hf"], "peer") == []
@@ -255,6 +281,9 @@ def test_mtbench_loader():
     assert ps[0].messages[0]["role"] == "user" and len(ps[0].messages) == 1   # first turn only
     assert ps[0].id.isdigit() and ps[0].meta["category"]
     assert len(load_prompts("mtbench")) == 80
+    spread = load_prompts("mtbench", limit=20, stride=4)      # the benchmarks.md selection
+    assert len(spread) == 20 and len({p.meta["category"] for p in spread}) == 8
+    assert [p.id for p in spread[:2]] == [p.id for p in load_prompts("mtbench", limit=5)[::4]]
 
 
 def test_encode_with_a_chat_template(engines):

@@ -150,6 +150,9 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
 @click.option("--peers", default="hf,hf-assisted,hf-lookup", show_default=True,
               help="Hugging Face transformers peers on the same weights, or 'none'.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="First N prompts (default: all).")
+@click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
+              help="Every N-th prompt, before --limit (MT-Bench is sorted by category: --stride 4 "
+                   "--limit 20 covers all 8).")
 @click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
 @click.option("--seed", default=0, show_default=True, type=int)

@@ -82,6 +82,7 @@ class BenchOptions:
     strategies: list[str] = field(default_factory=lambda: DEFAULT_STRATEGIES.split(","))
     peers: list[str] = field(default_factory=lambda: DEFAULT_PEERS.split(","))
     limit: int | None = None
+    stride: int = 1
     max_new_tokens: int = 128
     temperature: float = 0.0
     seed: int = 0
@@ -386,7 +387,7 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
     if "ar" not in opts.strategies:
         opts.strategies = ["ar"] + list(opts.strategies)    # the baseline every speedup is relative to
     folder, output = Path(folder), Path(output)
-    prompts: list[Prompt] = load_prompts(opts.dataset, opts.limit)
+    prompts: list[Prompt] = load_prompts(opts.dataset, opts.limit, opts.stride)
     bench = Bench(folder, opts, strategy_options=strategy_options, backend=backend, threads=threads, config=config)
     tok = bench.gen.tokenizer
     encoded, skipped = [], []
@@ -410,6 +411,8 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         bench.run(name, encoded[0][1], warm_tokens)
 
     records = []
+    output.mkdir(parents=True, exist_ok=True)
+    partial = output / "partial.json"    # what a long run measured survives a crash or Ctrl-C
     bar = tqdm(total=len(encoded) * len(bench.runners), desc="bench", unit="run", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
     for p, ids in encoded:
@@ -421,7 +424,9 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         add_comparisons(runs, opts.temperature)
         records.append({"id": p.id, "prompt_tokens": len(ids), "chat": p.needs_chat or opts.chat,
                         "meta": p.meta, "runs": runs})
+        partial.write_text(json.dumps({"machine": info, "options": asdict(opts), "prompts": records}))
     bar.close()
+    partial.unlink()
     try:
         info["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
@@ -454,6 +459,7 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
 def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, strategies: str, peers: str,
                limit: int | None, max_new_tokens: int, temperature: float, seed: int, chat: bool,
                output: str | None, backend: str | None, threads: int | None, lookup_tokens: int = 10,
+               stride: int = 1,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
     from ..config import Config, load_config
@@ -466,7 +472,8 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     if not config_path and not engines_dir:
         raise ValueError("give --config PATH (engines are built once into the cache) and/or --engines DIR")
     opts = BenchOptions(dataset=dataset, strategies=parse_list(strategies, list(STRATEGIES), "strategy"),
-                        peers=parse_list(peers, list(PEERS), "peer"), limit=limit, max_new_tokens=max_new_tokens,
+                        peers=parse_list(peers, list(PEERS), "peer"), limit=limit, stride=stride,
+                        max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens)
     load_prompts(dataset, 1)             # a bad dataset fails before any engine is built or loaded
     cfg = load_config(config_path) if config_path else None

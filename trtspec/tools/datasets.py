@@ -117,8 +117,9 @@ def jsonl_prompts(path: Path) -> list[Prompt]:
     return out
 
 
-def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
-    """The first `limit` prompts (all when None) of a named dataset or a JSONL file."""
+def load_prompts(dataset: str, limit: int | None = None, stride: int = 1) -> list[Prompt]:
+    """The first `limit` prompts (all when None) of a named dataset or a JSONL file, taking every
+    `stride`-th one: MT-Bench is ordered by category, so a short run with stride 4 still sees all 8."""
     if dataset == "humaneval":
         prompts = humaneval_prompts()
     elif dataset == "mtbench":
@@ -127,6 +128,7 @@ def load_prompts(dataset: str, limit: int | None = None) -> list[Prompt]:
         prompts = jsonl_prompts(Path(dataset).expanduser())
     else:
         raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench or a .jsonl file")
+    prompts = prompts[::stride]
     return prompts[:limit] if limit else prompts
 
 
