@@ -183,6 +183,41 @@ def test_first_divergence_and_ceiling_helpers():
     assert ceiling_speedup(0, 1.0, 0.0, 1.0, 1) is None
 
 
+def test_per_category_table(results):
+    import copy
+
+    from trtspec.tools.bench_report import markdown, per_category_table
+    assert per_category_table(results) is None and "Per category" not in markdown(results)
+    r = copy.deepcopy(results)
+    for p, cat in zip(r["prompts"], ["code", "text", "code"]):
+        p["meta"]["category"] = cat
+    rows = per_category_table(r).splitlines()[2:]
+    assert [row.split(" | ")[:2] for row in rows] == [["| code", "2"], ["| text", "1"]]
+    text = r["prompts"][1]["runs"]
+    for name, cell in zip(r["settings"]["runners"], rows[1].strip("| ").split(" | ")[2:]):
+        ratio = text[name]["tokens_per_s"] / text["ar"]["tokens_per_s"]      # one prompt: its own ratio
+        tau = text[name]["new_tokens"] / text[name]["target_steps"]
+        assert cell == f"{ratio:.2f}× (τ {tau:.1f})"
+    assert "## Per category" in markdown(r)
+
+
+def test_stop_split_table(results):
+    import copy
+
+    from trtspec.tools.bench_report import stop_split_table
+    r = copy.deepcopy(results)
+    never = 1 + max(t for p in r["prompts"] for run in p["runs"].values() for t in run["token_ids"])
+    r["settings"]["stop_ids_ignored"] = [never]
+    table = stop_split_table(r)
+    assert table.startswith(f"0 of {3 * MAX_NEW} tokens (0%)") and "| no stop token within the budget | 3 |" in table
+    r["prompts"][0]["runs"]["ar"]["token_ids"][3] = never           # prompt 0 passes a stop token at 3
+    table = stop_split_table(r)
+    assert table.startswith(f"{MAX_NEW - 3} of {3 * MAX_NEW} tokens")
+    assert "| no stop token within the budget | 2 |" in table and "| stop token before the budget | 1 |" in table
+    r["settings"]["temperature"] = 0.7                                # sampled: no common split
+    assert stop_split_table(r) is None
+
+
 def test_stride_takes_every_nth_prompt(prompts_file):
     assert [p.id for p in load_prompts(str(prompts_file), stride=2)] == ["fib", "json"]
     assert [p.id for p in load_prompts(str(prompts_file), limit=1, stride=3)] == ["fib"]

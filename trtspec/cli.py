@@ -165,7 +165,8 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
 def bench(**options) -> None:
     """Benchmark strategies and HF peers: tokens/s, speedups, acceptance, time split, ceiling.
 
-    Writes results.json, results.md and PNG plots; see trtspec/tools/bench.py for the method."""
+    Writes results.json, results.md and PNG plots; see trtspec/tools/bench.py for the method.
+    An interrupted run keeps the prompts it finished in OUTPUT/partial.json."""
     from .tools.bench import bench_main
     # Record the invocation as given (also under a test runner, where sys.argv is the runner's).
     flags = {p.name: p.opts[0] for p in click.get_current_context().command.params}

@@ -50,6 +50,58 @@ def per_prompt_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _ratio_cells(results: dict, ps: list[dict]) -> list[str]:
+    """Per runner over the prompts `ps`: × ar from their totals, and τ (tokens per target step)."""
+    runners = results["settings"]["runners"]
+
+    def total(name: str, key: str) -> float:
+        return sum(p["runs"][name][key] for p in ps)
+
+    cells = []
+    for name in runners:
+        tau = total(name, "new_tokens") / total(name, "target_steps")
+        rate = total(name, "new_tokens") / total(name, "seconds")
+        ar_rate = total("ar", "new_tokens") / total("ar", "seconds") if "ar" in runners else None
+        cells.append(f"{rate / ar_rate:.2f}× (τ {tau:.1f})" if ar_rate else f"τ {tau:.1f}")
+    return cells
+
+
+def per_category_table(results: dict) -> str | None:
+    """× ar and τ per prompt category (MT-Bench's writing, coding, ...)."""
+    cats: dict[str, list[dict]] = {}
+    for p in results["prompts"]:
+        if "category" in p["meta"]:
+            cats.setdefault(p["meta"]["category"], []).append(p)
+    if not cats:
+        return None
+    runners = results["settings"]["runners"]
+    lines = ["| category | prompts | " + " | ".join(runners) + " |", "|---|---|" + "---|" * len(runners)]
+    lines += [f"| {cat} | {len(ps)} | " + " | ".join(_ratio_cells(results, ps)) + " |" for cat, ps in cats.items()]
+    return "\n".join(lines)
+
+
+def stop_split_table(results: dict) -> str | None:
+    """Greedy runs ignore stop tokens so that every runner emits the same count; this table splits the
+    prompts by whether ar's output passed a stop token, so the effect of the text generated past it
+    is visible. (Sampled runs: every runner draws its own text, no common split.)"""
+    stops = set(results["settings"].get("stop_ids_ignored") or [])
+    runners = results["settings"]["runners"]
+    if results["settings"]["temperature"] != 0 or not stops or "ar" not in runners:
+        return None
+    groups: dict[str, list[dict]] = {"no stop token within the budget": [], "stop token before the budget": []}
+    past = 0
+    for p in results["prompts"]:
+        ids = p["runs"]["ar"]["token_ids"]
+        first = next((i for i, t in enumerate(ids) if t in stops), None)
+        groups["no stop token within the budget" if first is None else "stop token before the budget"].append(p)
+        past += 0 if first is None else len(ids) - first
+    total = sum(len(p["runs"]["ar"]["token_ids"]) for p in results["prompts"])
+    lines = [f"{past} of {total} tokens ({100 * past / max(total, 1):.0f}%) come after a stop token.", "",
+             "| prompts | n | " + " | ".join(runners) + " |", "|---|---|" + "---|" * len(runners)]
+    lines += [f"| {g} | {len(ps)} | " + " | ".join(_ratio_cells(results, ps)) + " |" for g, ps in groups.items() if ps]
+    return "\n".join(lines)
+
+
 def markdown(results: dict) -> str:
     m, s = results["machine"], results["settings"]
     v = m["versions"]
@@ -85,7 +137,15 @@ def markdown(results: dict) -> str:
               "(every loaded model, ours and HF's). = ar: prompts whose output equals our ar's token for "
               "token" + (" (greedy: required of our strategies; HF may differ by rounding)."
                          if s["temperature"] == 0 else " (sampled: different draws, agreement not expected)."),
-              "", "## Per prompt: tok/s (× ar), ≠@i = first token that differs from ar", "",
+              ""]
+    categories = per_category_table(results)
+    if categories:
+        lines += ["## Per category: × ar from the category's totals (τ = tokens per target step)", "",
+                  categories, ""]
+    stop_split = stop_split_table(results)
+    if stop_split:
+        lines += ["## Text past a stop token: × ar (τ) by whether ar's output reached one", "", stop_split, ""]
+    lines += ["## Per prompt: tok/s (× ar), ≠@i = first token that differs from ar", "",
               per_prompt_table(results), "", "## Formulas", ""]
     lines += [f"- `{k}`: {v}" for k, v in results["formulas"].items()]
     lines += ["", "## Plots", "", "![speedup over ar](speedup.png)", "",
@@ -98,6 +158,7 @@ def plots(results: dict, out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     runners = results["settings"]["runners"]
     agg = results["aggregate"]
@@ -133,8 +194,7 @@ def plots(results: dict, out: Path) -> list[str]:
         ax.set_title(f"{name}: τ = {_f(agg[name]['mean_accepted'])}")
         ax.set_xlabel("tokens per target step")
         ax.set_ylabel("fraction of steps")
-        if ks:
-            ax.set_xticks(range(1, max(ks) + 1))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # readable up to staged's ~40
     for ax in list(axes.flat)[len(ours):]:
         ax.axis("off")
     fig.suptitle(title)
@@ -167,3 +227,10 @@ def write_report(results: dict, out: Path) -> list[str]:
     out = Path(out)
     (out / "results.md").write_text(markdown(results))
     return ["results.md"] + plots(results, out)
+
+
+if __name__ == "__main__":      # re-render a run's report: python -m trtspec.tools.bench_report DIR
+    import json
+    import sys
+    for folder in map(Path, sys.argv[1:] or ["."]):
+        print(folder, write_report(json.loads((folder / "results.json").read_text()), folder))
