@@ -2,6 +2,7 @@
 dataset loaders (the real HumanEval / MT-Bench packages when installed), the HF peer converter."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -184,8 +185,6 @@ def test_first_divergence_and_ceiling_helpers():
 
 
 def test_per_category_table(results):
-    import copy
-
     from trtspec.tools.bench_report import markdown, per_category_table
     assert per_category_table(results) is None and "Per category" not in markdown(results)
     r = copy.deepcopy(results)
@@ -202,8 +201,6 @@ def test_per_category_table(results):
 
 
 def test_stop_split_table(results):
-    import copy
-
     from trtspec.tools.bench_report import stop_split_table
     r = copy.deepcopy(results)
     never = 1 + max(t for p in r["prompts"] for run in p["runs"].values() for t in run["token_ids"])

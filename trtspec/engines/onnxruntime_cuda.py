@@ -46,16 +46,14 @@ class OrtCudaGraphEngine(Engine):
             self.buckets[key] = self._bucket(cache, t, total, r, graph_id=len(self.buckets) + 1)
         b, io, run_options = self.buckets[key]
         b.load(cache, input_ids, position_ids, attn_mask, logit_rows)
-        torch.cuda.synchronize()                  # inputs copied before ORT's stream reads them
+        torch.cuda.current_stream().synchronize()   # the input copies land before ORT's stream reads them
         self.session.run_with_iobinding(io, run_options)
-        b.runs += 1
         b.scatter_new_kv(cache)
         cache.advance(t)
         return b.logits
 
     def _bucket(self, cache: KVCache, t: int, total: int, r: int, graph_id: int):
         b = StagedBucket.make(self.spec, self.kv_dtype, cache.buf.device, t, total, r)
-        b.graph_id = graph_id
         io = self.session.io_binding()
 
         def bind(fn, name: str, x: torch.Tensor) -> None:

@@ -23,7 +23,6 @@ class StagedBucket:
     slot: torch.Tensor
     runs: int = 0
     graph: object | None = None
-    graph_id: int = 0
 
     @classmethod
     def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, t: int, total: int, r: int) -> "StagedBucket":

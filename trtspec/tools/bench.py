@@ -450,7 +450,6 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         "skipped": skipped,
         "aggregate": aggregate(records, bench.runners),
     }
-    output.mkdir(parents=True, exist_ok=True)
     (output / "results.json").write_text(json.dumps(results, indent=1))
     results["files"] = ["results.json"] + write_report(results, output)
     return results

@@ -57,11 +57,11 @@ def _ratio_cells(results: dict, ps: list[dict]) -> list[str]:
     def total(name: str, key: str) -> float:
         return sum(p["runs"][name][key] for p in ps)
 
+    ar_rate = total("ar", "new_tokens") / total("ar", "seconds") if "ar" in runners else None
     cells = []
     for name in runners:
         tau = total(name, "new_tokens") / total(name, "target_steps")
         rate = total(name, "new_tokens") / total(name, "seconds")
-        ar_rate = total("ar", "new_tokens") / total("ar", "seconds") if "ar" in runners else None
         cells.append(f"{rate / ar_rate:.2f}× (τ {tau:.1f})" if ar_rate else f"τ {tau:.1f}")
     return cells
 
