@@ -129,7 +129,7 @@ def test_prompt_too_long(engines):
 def test_config_errors(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ntarget: {model: 'tiny:0'}\nstrategie: chain\n")
-    with pytest.raises(ConfigError, match="unknown keys"):
+    with pytest.raises(ConfigError, match="strategie: unknown key"):
         load_config(bad)
     bad.write_text("name: x\ntarget: {model: 'tiny:0', dtype: fp8}\n")
     with pytest.raises(ConfigError, match="dtype"):
@@ -137,7 +137,7 @@ def test_config_errors(tmp_path):
 
 
 def test_build_refuses_existing_output(engines):
-    with pytest.raises(FileExistsError, match="--force"):
+    with pytest.raises(EngineError, match="--force"):
         build_engines(load_config(TINY), engines, log=lambda *a, **k: None)
 
 

@@ -1,7 +1,9 @@
 """`trtspec` command line: build engines, run generation.
 
 Every user error (bad config, missing model, tampered engines, too long a prompt) ends in one
-line naming the problem and the fix, never a traceback.
+line naming the problem and the fix, never a traceback: the project's errors (`TrtspecError`) are
+caught here and nothing else, so a real bug still shows its traceback. `run` checks everything that
+needs no engine (options, strategy vs draft, capacity) before it builds or loads one.
 """
 from __future__ import annotations
 
@@ -13,13 +15,12 @@ from pathlib import Path
 
 import click
 
-from .config import BACKENDS, ConfigError, load_config
-from .engines.manifest import EngineError
-from .export.spec import SpecError
-from .runtime.kv_cache import CapacityError
+from .config import BACKENDS, load_config
+from .errors import RequestError, TrtspecError
+from .runtime.strategies import STRATEGIES
 
-USER_ERRORS = (ConfigError, SpecError, EngineError, CapacityError, FileExistsError, FileNotFoundError, ValueError)
-STRATEGY_NAMES = ["ar", "chain", "ngram", "staged", "dyspec", "gsd", "cascade"]
+PLAIN_MAX_NEW_TOKENS = 128     # plain (non-chat) prompts: a completion has no end-of-turn to wait for
+CHAT_MAX_NEW_TOKENS = 1024     # chat: answer to the end of the turn; this only stops a runaway loop
 
 
 def user_errors(fn):
@@ -27,7 +28,7 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except USER_ERRORS as e:
+        except TrtspecError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
@@ -76,19 +77,24 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
               help="Config to build (once, into the cache) and run. Default: the Qwen2.5-Coder 1.5B/0.5B pair.")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None, help="Read the prompt from a file.")
-@click.option("--strategy", type=click.Choice(STRATEGY_NAMES), default=None,
+@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default=None,
               help="ar: plain decoding. chain: k draft-model tokens. ngram: prompt/output n-gram copies. "
                    "staged: best-first draft tree + n-gram-reviewed draft. dyspec: dynamic tree (heap or "
                    "threshold). gsd: top-k graph with merged repeats. cascade: draft reviews n-gram drafts "
                    "(CS Drafting). All lossless. Options per strategy live in the config. Default: the config's.")
-@click.option("--max-new-tokens", default=128, show_default=True, type=click.IntRange(1))
+@click.option("--max-new-tokens", default=None, type=click.IntRange(1),
+              help=f"Cap on new tokens. Default: with --chat, until the model ends its turn (at most "
+                   f"{CHAT_MAX_NEW_TOKENS}, and what fits max_seq_len); without, {PLAIN_MAX_NEW_TOKENS}. "
+                   "A run cut by the cap says so.")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0), help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = off.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="1 = off.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template and answer to the end of "
+                                           "the turn.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids, stats.")
-@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Override the config's runtime backend.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: the backend the engine folder was built for (--engines) or the config's.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
 @click.option("--show-tree", type=click.Path(dir_okay=False), default=None,
               help="Render one step's token tree (accepted path highlighted) to this .png or .svg file.")
@@ -98,34 +104,52 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
-    from .engines.load import engines_for_config, load_generator
+    from .engines.load import engines_for_config, load_generator, load_tokenizer, open_folder
+    from .runtime.generator import check_capacity, room_for
     from .runtime.sampling import SamplingParams
+    from .runtime.strategies import make_strategy
+    from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
 
+    # Everything that needs no engine is checked first: a bad option never waits for a build.
     if (prompt is None) == (prompt_file is None):
         raise click.UsageError("give exactly one of --prompt TEXT or --prompt-file FILE")
     if engines_dir and config_path:
         raise click.UsageError("give --engines DIR or --config PATH, not both")
+    if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
+        raise click.UsageError("--show-tree needs a .png or .svg file name")
     text = prompt if prompt is not None else Path(prompt_file).read_text()
+    if not text:
+        raise click.UsageError("the prompt is empty" + (f" ({prompt_file})" if prompt_file else ""))
+    sampling = SamplingParams(temperature, top_k, top_p)
     log = functools.partial(click.echo, err=True)
-    cfg = None if engines_dir else load_config(config_path)
+    opened = open_folder(engines_dir, backend) if engines_dir else None
+    cfg = opened[1] if opened else load_config(config_path).with_backend(backend)
+    name = strategy or cfg.strategy
+    strat = make_strategy(name, **(cfg.strategies.get(name) or {}))
+    if strat.needs_draft and cfg.draft is None:
+        raise RequestError(f"strategy {name!r} needs a draft model and {cfg.name} has none; use --strategy ar "
+                           "or ngram, or add a draft to the config")
+    check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
+
     folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
-    gen = load_generator(folder, backend=backend, threads=threads, config=cfg)
-    tok = gen.tokenizer
-    from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
+    opened = opened or open_folder(folder, None, cfg)
+    tok = load_tokenizer(folder, opened[0])
     try:
         ids = encode(Prompt(id="prompt", text=text), tok, chat=chat)
     except DatasetError as e:
         raise click.UsageError(str(e)) from None
-    if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
-        raise click.UsageError("--show-tree needs a .png or .svg file name")
-    kwargs = dict(strategy=strategy or gen.config.strategy, max_new_tokens=max_new_tokens,
-                  sampling=SamplingParams(temperature, top_k, top_p), seed=seed, record_trees=bool(show_tree))
+    room = room_for(len(ids), strat, cfg.max_seq_len)
+    limit = max_new_tokens or (max(1, min(CHAT_MAX_NEW_TOKENS, room)) if chat else PLAIN_MAX_NEW_TOKENS)
+    check_capacity(len(ids), limit, strat, cfg.max_seq_len)
+    gen = load_generator(folder, threads=threads, opened=opened, tokenizer=tok)
+    kwargs = dict(strategy=name, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
     if as_json:
         result = gen.generate(ids, **kwargs)
         steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
                  | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
         out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
-               "stats": result.stats, "steps": steps, "strategy": kwargs["strategy"], "backend": gen.backend}
+               "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
+               "steps": steps, "strategy": name, "backend": gen.backend}
         click.echo(json.dumps(out))
     else:
         for piece in gen.stream_text(ids, **kwargs):
@@ -133,11 +157,22 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         click.echo()
         result = gen.last_result
     if show_tree:
-        _render_tree(result, tree_step, tok, show_tree, kwargs["strategy"])
+        _render_tree(result, tree_step, tok, show_tree, name)
     if as_json:
         return
+    if result.finish_reason == "length":
+        if max_new_tokens:
+            log(f"[stopped at --max-new-tokens {limit}, before an end-of-{'turn' if chat else 'text'} token]")
+        elif chat and limit < CHAT_MAX_NEW_TOKENS:
+            log(f"[the answer was cut at {limit} tokens, all that fits max_seq_len {cfg.max_seq_len} after the "
+                "prompt; raise max_seq_len in the config]")
+        elif chat:
+            log(f"[the answer was cut at the default cap of {limit} tokens for a chat answer; raise it with "
+                "--max-new-tokens]")
+        else:
+            log(f"[stopped at the default cap of {limit} new tokens; raise it with --max-new-tokens]")
     s = result.stats
-    log(f"[{kwargs['strategy']}] {s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_s']:.2f} tok/s, "
+    log(f"[{name}] {s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_s']:.2f} tok/s, "
         f"{s['mean_accepted']:.2f} tokens per target step")
 
 

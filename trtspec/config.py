@@ -11,119 +11,163 @@
     build: {onnx_dtypes: [fp32], opset: 18}
 
 `model` is a Hugging Face folder, a .gguf file, a `pack:NAME` demo pack, or `tiny:SEED` (a seeded
-random model, for smoke tests). Unknown keys are errors, so a typo never silently does nothing.
+random model, for smoke tests). The whole file is checked when it loads (types, ranges, unknown
+keys, every strategy's options, whether the largest tree fits the KV capacity): a problem is one
+ConfigError line naming the key, the value and what is allowed, before anything is built or run.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import torch
 import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+from .options import MAX_STEP_TOKENS, NonNegInt, PosInt, Strict, one_line
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
-PACKAGE_CONFIGS = Path(__file__).resolve().parent.parent / "configs"   # the repo's configs/
+CONFIGS_DIR = Path(__file__).resolve().parent / "configs"   # shipped configs (package data)
 DEFAULT_CONFIG = "qwen2.5-coder-1.5b"
+# The torch.export-based ONNX exporter emits opset 18 and newer; 23 is the newest torch 2.13 writes.
+MIN_OPSET, MAX_OPSET = 18, 23
+
+Dtype = Literal["fp32", "fp16", "bf16"]
+__all__ = ["BACKENDS", "CONFIGS_DIR", "Config", "ConfigError", "DTYPES", "ModelEntry", "BuildOptions", "load_config"]
 
 
-class ConfigError(ValueError):
-    pass
+class TinyOptions(Strict):
+    """`tiny:SEED` model shape overrides (smoke tests): bounded so a typo cannot ask for a giant model."""
+    arch: Literal["llama", "qwen2", "mistral"] = "llama"
+    vocab_size: Annotated[int, Field(ge=16, le=65536)] = 512
+    hidden_size: Annotated[int, Field(ge=8, le=1024)] = 64
+    num_layers: Annotated[int, Field(ge=1, le=8)] = 2
+    num_heads: Annotated[int, Field(ge=1, le=32)] = 4
+    num_kv_heads: Annotated[int, Field(ge=1, le=32)] = 2
+    tie: bool = False
+
+    @model_validator(mode="after")
+    def _shape(self) -> "TinyOptions":
+        if self.hidden_size % (2 * self.num_heads):
+            raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of 2 x num_heads ({self.num_heads}) "
+                             "(an even head size for RoPE)")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads {self.num_kv_heads}")
+        return self
 
 
-@dataclass
-class ModelEntry:
-    model: str
-    dtype: str = "fp32"
-    tiny: dict[str, Any] = field(default_factory=dict)   # tiny:SEED only: tiny_spec() overrides
-    layers: int = 0   # >0: keep only the first N layers (+ final norm and head): a self-draft
-    quantize: str = "none"   # draft only: "int8" = weight-only dynamic int8 (torch backend)
+class ModelEntry(Strict):
+    model: Annotated[str, Field(min_length=1)]
+    dtype: Dtype = "fp32"
+    tiny: TinyOptions = Field(default_factory=TinyOptions)   # tiny:SEED only
+    layers: Annotated[int, Field(ge=0, le=1000)] = 0   # >0: keep only the first N layers: a self-draft
+    quantize: Literal["none", "int8"] = "none"          # draft only: weight-only dynamic int8 (torch)
 
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        if self.layers < 0:
-            raise ConfigError(f"layers must be >= 0 (got {self.layers})")
-        if self.quantize not in ("none", "int8"):
-            raise ConfigError(f"quantize {self.quantize!r} is not one of none, int8")
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        if v.startswith("tiny:") and not v[5:].isdigit():
+            raise ValueError("tiny models are named tiny:SEED with an integer seed, e.g. tiny:0")
+        return v
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
 
-@dataclass
-class BuildOptions:
-    onnx_dtypes: list[str] = field(default_factory=lambda: ["fp32"])
-    opset: int = 18
+class BuildOptions(Strict):
+    onnx_dtypes: Annotated[list[Dtype], Field(min_length=1)] = Field(default_factory=lambda: ["fp32"])
+    opset: Annotated[int, Field(ge=MIN_OPSET, le=MAX_OPSET)] = 18
     optimize: bool = True
 
-    def __post_init__(self) -> None:
-        bad = [d for d in self.onnx_dtypes if d not in DTYPES]
-        if bad:
-            raise ConfigError(f"build.onnx_dtypes has {bad}; allowed: {', '.join(DTYPES)}")
-        if self.opset < 17:
-            raise ConfigError(f"build.opset must be >= 17 (got {self.opset})")
+    @field_validator("onnx_dtypes")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("each dtype at most once")
+        return v
 
 
-@dataclass
-class Config:
-    name: str
+class Buckets(Strict):
+    tokens: list[Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS)]] = Field(default_factory=list)
+    cache: list[PosInt] = Field(default_factory=list)
+
+
+class Config(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]   # names the cache folder
     target: ModelEntry
     draft: ModelEntry | None = None
-    backend: str = "torch"
-    device: str = "cpu"            # torch backend: cpu | cuda
-    cuda_graphs: bool = False      # torch backend: one graph per step shape (use with buckets)
-    max_seq_len: int = 2048
-    threads: int = 0
+    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    device: Literal["cpu", "cuda"] = "cpu"          # torch backend
+    cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
+    max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
+    threads: Annotated[int, Field(ge=0, le=1024)] = 0
     strategy: str = "ar"
-    strategies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # Static-shape buckets {tokens: [...], cache: [...]}: T and C are padded up to these sizes so
     # steps reuse a few shapes (CUDA graphs, TensorRT profiles). Off (exact shapes) when empty.
-    buckets: dict[str, list[int]] = field(default_factory=dict)
-    build: BuildOptions = field(default_factory=BuildOptions)
-    source: str = ""   # where it was read from (not part of the hash)
+    buckets: Buckets = Field(default_factory=Buckets)
+    build: BuildOptions = Field(default_factory=BuildOptions)
+    source: str = Field("", exclude=True)   # where it was read from (not part of the hash)
 
-    def __post_init__(self) -> None:
+    @field_validator("target", "draft", mode="before")
+    @classmethod
+    def _short_entry(cls, v: Any) -> Any:
+        return {"model": v} if isinstance(v, str) else v
+
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _strategies_none(cls, v: Any) -> Any:
+        return {} if v is None else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Config":
+        from .runtime.strategies import STRATEGIES, make_strategy
         if self.target.quantize != "none":
-            raise ConfigError("quantize is for drafts only: a quantized target would change the output; "
-                              "remove `quantize` from target (use dtype to choose its precision)")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
-        if self.device not in ("cpu", "cuda"):
-            raise ConfigError(f"device {self.device!r} is not one of cpu, cuda")
-        if self.max_seq_len < 16:
-            raise ConfigError(f"max_seq_len must be >= 16 (got {self.max_seq_len})")
-        bad = set(self.buckets) - {"tokens", "cache"}
-        if bad or not all(isinstance(v, list) and all(isinstance(x, int) and x > 0 for x in v)
-                          for v in self.buckets.values()):
-            raise ConfigError("buckets must look like {tokens: [1, 8, 32], cache: [512, 1024, 2048]} "
-                              "(positive integers)")
+            raise ValueError("target.quantize: quantize is for drafts only (a quantized target would change "
+                             "the output); remove it and use target.dtype for the target's precision")
+        if self.backend == "onnxruntime" and not {"fp32", "fp16"} & set(self.build.onnx_dtypes):
+            raise ValueError("backend onnxruntime needs fp32 or fp16 in build.onnx_dtypes (its CPU kernels have "
+                             "no bf16)")
+        if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
+            raise ValueError(f"buckets.cache {self.buckets.cache}: a cache bucket above max_seq_len "
+                             f"{self.max_seq_len} is never used; keep buckets <= max_seq_len")
+        for name in [self.strategy, *self.strategies]:
+            if name not in STRATEGIES:
+                raise ValueError(f"strategy {name!r} is not one of {', '.join(STRATEGIES)}")
+        for name in dict.fromkeys([self.strategy, *self.strategies]):
+            opts = self.strategies.get(name) or {}
+            if not isinstance(opts, dict):
+                raise ValueError(f"strategies.{name} must be a mapping of options, e.g. {{k: 4}}")
+            strat = make_strategy(name, **opts)        # raises ConfigError naming strategies.NAME.KEY
+            if strat.needs_draft and self.draft is None and name == self.strategy:
+                raise ValueError(f"strategy {name!r} needs a draft model: add `draft:` or choose ar / ngram")
+            need = 1 + strat.max_rows()
+            if need > self.max_seq_len:
+                raise ValueError(f"strategies.{name}: one step can need {strat.max_rows()} KV rows beyond the "
+                                 f"sequence, more than max_seq_len {self.max_seq_len}; lower its budget or raise "
+                                 "max_seq_len")
+        return self
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "") -> "Config":
-        known = {f.name for f in fields(cls)} - {"source"}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"{source or 'config'}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        if "name" not in d or "target" not in d:
-            raise ConfigError(f"{source or 'config'}: needs at least `name` and `target: {{model: ...}}`")
+    def from_dict(cls, d: Any, source: str = "") -> "Config":
+        where = source or "config"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top level")
         try:
-            d = dict(d)
-            d["target"] = _entry(d["target"])
-            d["draft"] = _entry(d["draft"]) if d.get("draft") else None
-            d["build"] = BuildOptions(**(d.get("build") or {}))
-            return cls(**d, source=source)
-        except TypeError as e:
-            raise ConfigError(f"{source or 'config'}: {e}") from None
+            return cls.model_validate({**d, "source": source})
+        except ValidationError as e:
+            raise ConfigError(f"{where}: {one_line(e, '', _allowed_keys)}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("source")
-        return d
+        return self.model_dump(mode="json")
+
+    def with_backend(self, backend: str | None) -> "Config":
+        return self if backend is None or backend == self.backend else self.model_copy(update={"backend": backend})
 
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
@@ -136,12 +180,17 @@ class Config:
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _entry(v: Any) -> ModelEntry:
-    if isinstance(v, str):
-        return ModelEntry(model=v)
-    if not isinstance(v, dict) or "model" not in v:
-        raise ConfigError("target/draft must be `{model: PATH_OR_PACK, dtype: fp32|fp16|bf16}`")
-    return ModelEntry(**v)
+def _allowed_keys(parent: tuple) -> list[str]:
+    """The keys a config section takes, for the error about an unknown one."""
+    model: type = Config
+    for part in parent:
+        model = {"target": ModelEntry, "draft": ModelEntry, "tiny": TinyOptions, "build": BuildOptions,
+                 "buckets": Buckets}.get(str(part), model)
+    return [k for k in model.model_fields if k != "source"]
+
+
+def shipped_configs() -> list[str]:
+    return sorted(q.stem for q in CONFIGS_DIR.glob("*.yaml"))
 
 
 def load_config(path: str | Path | None) -> Config:
@@ -149,15 +198,13 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         path = DEFAULT_CONFIG
     p = Path(path)
-    if not p.exists() and (PACKAGE_CONFIGS / f"{path}.yaml").exists():
-        p = PACKAGE_CONFIGS / f"{path}.yaml"
-    if not p.exists():
-        shipped = ", ".join(sorted(q.stem for q in PACKAGE_CONFIGS.glob("*.yaml")))
-        raise ConfigError(f"config {path} not found; give a YAML path or one of the shipped configs: {shipped}")
+    if not p.is_file() and (CONFIGS_DIR / f"{path}.yaml").is_file():
+        p = CONFIGS_DIR / f"{path}.yaml"
+    if not p.is_file():
+        raise ConfigError(f"config {path} not found; give a YAML path or one of the shipped configs: "
+                          f"{', '.join(shipped_configs())}")
     try:
         data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping at the top level")
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
     return Config.from_dict(data, source=str(p))

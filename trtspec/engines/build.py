@@ -5,7 +5,10 @@
     DIR/{target,draft}/weights.safetensors   torch engine (dequantized, in the config dtype)
     DIR/{target,draft}/model.{dtype}.onnx    the step contract as ONNX (onnxruntime / tensorrt)
     DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
-    DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (only where TensorRT and a GPU exist)
+    DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (backend tensorrt: needs TensorRT and a GPU)
+
+What is built follows the backend asked for: torch writes weights only; onnxruntime adds the ONNX
+graphs; tensorrt adds plans and is refused up front where TensorRT or a GPU is missing.
 
 Built in DIR.partial-PID and renamed at the end, so an interrupted build leaves no half folder.
 """
@@ -24,7 +27,7 @@ from ..config import DTYPES, Config
 from ..export.contract import io_spec
 from ..export.model import Decoder
 from ..export.sources import load_model, load_tokenizer_for
-from .manifest import write_manifest
+from .manifest import EngineError, write_manifest
 from .tensorrt_build import build_plan, tensorrt_unavailable_reason
 
 PREFILL_CHUNK = 256
@@ -42,7 +45,10 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
     output = Path(output)
     backend = backend or cfg.backend
     if output.exists() and not force:
-        raise FileExistsError(f"{output} already exists; pass --force to replace it or choose another --output")
+        raise EngineError(f"{output} already exists; pass --force to replace it or choose another --output")
+    if backend == "tensorrt" and (reason := tensorrt_unavailable_reason()):
+        raise EngineError(f"cannot build TensorRT plans here: {reason}; build with --backend onnxruntime (or "
+                          "torch), or on a machine with TensorRT and a CUDA GPU")
     tmp = output.with_name(f"{output.name}.partial-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -59,12 +65,11 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
 
 
 def _build(cfg: Config, out: Path, backend: str, log) -> dict:
+    from ..export.spec import SpecError
     from ..export.tokenizer import check_same_vocab, eos_token_ids, save_tokenizer
 
     want_onnx = backend in ("onnxruntime", "tensorrt")
-    trt_reason = tensorrt_unavailable_reason() if want_onnx else "not requested"
-    if want_onnx and trt_reason:
-        log(f"TensorRT plans skipped: {trt_reason}. Building ONNX Runtime engines only.")
+    want_plans = backend == "tensorrt"          # build_engines refused it already where it cannot run
     roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
 
     tok = load_tokenizer_for(cfg.target)
@@ -73,6 +78,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     save_tokenizer(tok, out / "tokenizer")
 
     models = {}
+    stop_ids: set[int] = set()
     for role, entry in roles:
         stages = ["load"] + ["weights"] + [f"onnx {d}" for d in (cfg.build.onnx_dtypes if want_onnx else [])]
         bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
@@ -85,29 +91,34 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
                 model = load_model(entry, role)
                 vocab = len(tok)
                 if vocab > model.spec.vocab_size:
-                    raise ValueError(f"the tokenizer has {vocab} tokens but {role} {entry.model} only "
+                    raise SpecError(f"the tokenizer has {vocab} tokens but {role} {entry.model} only "
                                      f"{model.spec.vocab_size} embeddings: they do not belong together")
+                if cfg.max_seq_len > model.spec.max_position_embeddings:
+                    raise EngineError(f"max_seq_len {cfg.max_seq_len} is longer than {role} {entry.model} was "
+                                      f"trained for ({model.spec.max_position_embeddings} positions); lower "
+                                      "max_seq_len in the config")
                 info["spec"] = model.spec.to_dict()
+                if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
+                    stop_ids = eos_token_ids(tok, model.spec)
             elif stage == "weights":
                 save_file(_weights(model), str(folder / "weights.safetensors"))
                 info["artifacts"]["weights"] = f"{role}/weights.safetensors"
                 info["io"] = io_spec(model.spec, entry.dtype)
             else:
-                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], trt_reason, log))
+                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], want_plans))
         models[role] = info
         del model
     return {
-        "config": cfg.to_dict(),
+        "config": cfg.with_backend(backend).to_dict(),
         "backend": backend,
         "models": models,
         "tokenizer": "tokenizer",
-        "stop_ids": sorted(eos_token_ids(tok)),
+        "stop_ids": sorted(stop_ids),
         "prefill_chunk": PREFILL_CHUNK,
     }
 
 
-def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, trt_reason: str | None,
-                 log) -> dict[str, str]:
+def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, plans: bool) -> dict[str, str]:
     from ..export.onnx_export import export_onnx, optimize_for_ort
 
     arts: dict[str, str] = {}
@@ -119,7 +130,7 @@ def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, 
         opt = folder / f"model.{dt}.ort.onnx"
         optimize_for_ort(path, opt)
         arts[f"ort_{dt}"] = f"{role}/{opt.name}"
-    if trt_reason is None:
+    if plans:
         plan = folder / f"model.{dt}.plan"
         build_plan(path, plan, model.spec, cfg.max_seq_len, PREFILL_CHUNK, max_step_tokens=128)
         arts[f"plan_{dt}"] = f"{role}/{plan.name}"

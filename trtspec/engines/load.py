@@ -23,8 +23,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec"))
 
 
-def engines_for_config(cfg: Config, log=print) -> Path:
+def engines_for_config(cfg: Config, log=print, backend: str | None = None) -> Path:
+    """The cached engine folder of `cfg` (for `backend`, default the config's), built on first use."""
     from .build import build_engines
+    cfg = cfg.with_backend(backend)
     folder = cache_root() / "engines" / f"{cfg.name}-{cfg.digest()}"
     if (folder / "manifest.json").exists():
         try:
@@ -65,32 +67,68 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
         raise EngineError(f"{folder}: no ONNX model for {role} that ONNX Runtime on CPU can run (fp32/fp16); "
                           "rebuild with --backend onnxruntime and build.onnx_dtypes: [fp32]")
     if backend == "tensorrt":
-        plans = [k for k in arts if k.startswith("plan_")]
-        if not plans:
-            raise EngineError(f"{folder} has no TensorRT plan for {role}; build on a machine with TensorRT and "
-                              "a CUDA GPU: trtspec build --backend tensorrt ...")
-        from .tensorrt_build import tensorrt_unavailable_reason
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
+        plans = [k for k in arts if k.startswith("plan_")]      # open_folder checked there is one
         from .tensorrt_engine import TrtEngine   # not exercised in CI (see the module docstring)
         return TrtEngine(folder / arts[plans[0]], spec, cuda_graphs=cuda_graphs)
     raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
 
 
-def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
-                   config: Config | None = None) -> Generator:
-    """`config`: runtime choices (strategy options, threads, buckets, device, draft quantization) to
-    use instead of the ones recorded at build time; it must describe the same build (digest)."""
+BACKEND_ARTIFACTS = {"torch": ("weights",), "onnxruntime": ("onnx_fp32", "ort_fp32", "onnx_fp16", "ort_fp16"),
+                     "tensorrt": ("plan_fp32", "plan_fp16", "plan_bf16")}
+
+
+def open_folder(folder: str | Path, backend: str | None = None, config: Config | None = None
+                ) -> tuple[dict, Config, str]:
+    """Verify an engine folder and settle what will run, before anything heavy is loaded.
+
+    Returns (manifest, config, backend). The backend is `backend`, else the one the folder was built
+    for (manifest `backend`); a backend the folder has no artifacts for is refused with the rebuild
+    command. `config`: runtime choices (strategy options, threads, buckets, device, draft
+    quantization) to use instead of the recorded ones; it must describe the same build (digest)."""
     folder = Path(folder)
     manifest = verify(folder)
-    cfg = Config.from_dict(manifest["config"])
+    cfg = Config.from_dict(manifest["config"], source=f"{folder}/manifest.json config")
     if config is not None:
-        if config.digest() != cfg.digest():
+        if config.with_backend(cfg.backend).digest() != cfg.digest():
             raise EngineError(f"{folder} was built from a different config than {config.source or config.name}; "
                               f"rebuild: trtspec build --config {config.source or 'CONFIG'} --output {folder}")
         cfg = config
-    backend = backend or cfg.backend
+    backend = backend or manifest.get("backend") or cfg.backend
+    if backend not in BACKEND_ARTIFACTS:
+        raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_ARTIFACTS)}")
+    if backend == "tensorrt":
+        from .tensorrt_build import tensorrt_unavailable_reason
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
+    if backend == "onnxruntime" and cfg.buckets.cache:
+        raise EngineError("the ONNX Runtime engine takes token buckets only (a padded past would overlap the rows "
+                          "it writes); remove buckets.cache from the config or use --backend torch")
+    for role, info in manifest["models"].items():
+        if not set(BACKEND_ARTIFACTS[backend]) & set(info["artifacts"]):
+            built = manifest.get("backend", cfg.backend)
+            raise EngineError(f"{folder} was built for {built} and has no {backend} artifacts for the {role}; "
+                              f"run it with --backend {built}, or rebuild: trtspec build --config "
+                              f"{config.source if config is not None and config.source else 'CONFIG'} "
+                              f"--output {folder} --backend {backend} --force")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise EngineError("the config says device: cuda but no CUDA GPU is visible to torch; set device: cpu "
+                          "or run on a machine with a GPU (and torch built with CUDA)")
+    return manifest, cfg.with_backend(backend), backend
+
+
+def load_tokenizer(folder: str | Path, manifest: dict):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(Path(folder) / manifest["tokenizer"]))
+
+
+def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
+                   config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
+                   tokenizer=None) -> Generator:
+    """Engines + KV buffers + tokenizer of an engine folder (see `open_folder` for the arguments;
+    pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice)."""
+    folder = Path(folder)
+    manifest, cfg, backend = opened or open_folder(folder, backend, config)
     threads = cfg.threads if threads is None else threads
     if threads:
         torch.set_num_threads(threads)
@@ -100,11 +138,10 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     draft = None
     if "draft" in models:
         draft = load_engine(folder, "draft", models["draft"], backend, threads, quantize=cfg.draft.quantize, **where)
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(folder / manifest["tokenizer"]))
+    tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
-                    buckets=cfg.buckets)
+                    buckets=cfg.buckets.model_dump())
     gen.config = cfg
     gen.backend = backend
     return gen

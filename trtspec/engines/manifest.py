@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrtspecError
 from ..export.contract import CONTRACT_VERSION
 
 FORMAT = "trtspec-engine"
@@ -23,8 +24,8 @@ MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"
 
 
-class EngineError(RuntimeError):
-    pass
+class EngineError(TrtspecError, RuntimeError):
+    """An engine folder or backend that cannot be used here; the message says how to rebuild."""
 
 
 def sha256_file(path: Path, chunk: int = 1 << 24) -> str:

@@ -22,7 +22,7 @@ TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny-token
 def load_model(entry: ModelEntry, role: str) -> Decoder:
     if entry.model.startswith("tiny:"):
         seed = int(entry.model.split(":", 1)[1])
-        target, draft = tiny_pair(tiny_spec(**entry.tiny), seed=seed, dtype=entry.torch_dtype)
+        target, draft = tiny_pair(tiny_spec(**entry.tiny.model_dump()), seed=seed, dtype=entry.torch_dtype)
         return target if role == "target" else draft
     from .checkpoint import load_checkpoint
     from .packs import resolve_model

@@ -9,10 +9,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import TrtspecError
+
 SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
 
 
-class SpecError(ValueError):
+class SpecError(TrtspecError, ValueError):
     """A checkpoint or config that trtspec cannot use; the message names the problem and the fix."""
 
 

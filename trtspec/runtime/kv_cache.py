@@ -2,7 +2,9 @@
 
 Layout: `buf[L, 2, S_max, Hkv, D]`, sequence-major, so `buf[l, j, :C]` (the past of layer l) and
 `buf[l, j, C:C+T]` (where the step's new rows go) are each one contiguous block. ONNX Runtime and
-TensorRT then bind both straight onto the buffer: no copies, no per-step allocation.
+TensorRT then bind both straight onto the buffer: the cache is never copied or reallocated between
+steps. (Inside a step, attention still concatenates each layer's past with the new rows: a
+temporary copy that grows with the context; see docs/ARCHITECTURE.md.)
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
@@ -13,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import TrtspecError
 from ..export.spec import ModelSpec
 
 
-class CapacityError(RuntimeError):
-    pass
+class CapacityError(TrtspecError, RuntimeError):
+    """The request does not fit the KV capacity (max_seq_len)."""
 
 
 class KVCache:

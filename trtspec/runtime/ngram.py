@@ -46,5 +46,8 @@ class NGramDrafter:
             out += copied
             work = np.concatenate([seq, np.asarray(out, dtype=seq.dtype)])
         while self.bigram is not None and len(out) < k:
-            out.append(int(self.bigram[out[-1] if out else int(seq[-1])]))
+            last = out[-1] if out else int(seq[-1])
+            if last >= len(self.bigram):          # a table shorter than the vocabulary has no entry
+                break
+            out.append(int(self.bigram[last]))
         return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..engines.base import Engine
+from ..options import MAX_STEP_TOKENS
 from .tree import TokenTree
 
 
@@ -20,10 +21,19 @@ def bucket(n: int, sizes: list[int] | None) -> int:
 
 
 class ModelRunner:
-    def __init__(self, engine: Engine, capacity: int, max_step_tokens: int = 256,
-                 buckets: dict[str, list[int]] | None = None):
+    def __init__(self, engine: Engine, capacity: int, max_step_tokens: int = MAX_STEP_TOKENS,
+                 buckets: dict[str, list[int]] | None = None, vocab: int | None = None):
         self.engine = engine
         self.max_step_tokens = max_step_tokens
+        # A draft whose embedding table is smaller or larger than the target's (Qwen2.5-0.5B has
+        # 151,936 rows, Qwen2.5-7B 152,064) answers in the target's vocabulary: logits are cut to
+        # `vocab` or padded with -inf, so q and p always have one shape and no draft token is an id
+        # the target lacks. A target token the draft has no row for is fed to it as its last row:
+        # the draft guesses worse after it, the output is unaffected (q is still the distribution
+        # each proposal was drawn from).
+        rows = engine.spec.vocab_size
+        self.vocab = None if vocab in (None, rows) else vocab
+        self.max_id = rows - 1 if self.vocab is not None and self.vocab > rows else None
         # Static-shape buckets: T (new tokens) and C (cache length) are padded up to these sizes,
         # so every step reuses a few shapes (CUDA graphs, TensorRT profiles). Padding is masked.
         self.token_buckets = sorted((buckets or {}).get("tokens") or [])
@@ -43,6 +53,8 @@ class ModelRunner:
         t = tokens.shape[0]
         c = self.cache
         rows = self._rows[:t] if logit_rows is None else logit_rows
+        if self.max_id is not None:
+            tokens = tokens.clamp(max=self.max_id)
         self.forwards += 1
         tb = bucket(t, self.token_buckets)
         past = bucket(c.used, self.cache_buckets) if self.cache_buckets else c.used
@@ -51,8 +63,15 @@ class ModelRunner:
             mask = self._mask[: t * total].view(t, total)
             mask[:, : c.length] = True
             mask[:, c.length:] = new_mask
-            return self.engine.step(c, tokens, positions, mask, rows)
-        return self._run_padded(tokens, positions, new_mask, rows, tb, past)
+            return self._fit_vocab(self.engine.step(c, tokens, positions, mask, rows))
+        return self._fit_vocab(self._run_padded(tokens, positions, new_mask, rows, tb, past))
+
+    def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab is None:
+            return logits
+        if logits.shape[-1] > self.vocab:
+            return logits[:, : self.vocab]
+        return torch.nn.functional.pad(logits, (0, self.vocab - logits.shape[-1]), value=float("-inf"))
 
     def _run_padded(self, tokens, positions, new_mask, rows, tb: int, past: int) -> torch.Tensor:
         """Pad T to tb and the past to `past` rows. Pad tokens see only themselves; stale cache rows

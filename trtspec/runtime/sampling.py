@@ -5,9 +5,15 @@ same parameters (temperature, then top-k, then top-p), so both sides use this on
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+from ..errors import RequestError
+
+
+GREEDY_BELOW = 1e-5   # temperatures this small are greedy (as in vLLM): 1/T would overflow the logits
 
 
 @dataclass(frozen=True)
@@ -17,16 +23,17 @@ class SamplingParams:
     top_p: float = 1.0         # 1 = off
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        # `not (a <= x)` rather than `x < a`, so nan (which fails every comparison) is refused too.
+        if isinstance(self.temperature, bool) or not (0 <= self.temperature < math.inf):
+            raise RequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_p, bool) or not (0 < self.top_p <= 1):
+            raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

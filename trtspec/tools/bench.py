@@ -51,6 +51,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import RequestError
 from .datasets import Prompt, encode, load_prompts
 
 DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
@@ -95,7 +96,7 @@ def parse_list(text: str | None, allowed, what: str) -> list[str]:
     items = [] if text is None or text.strip().lower() in ("", "none") else [s.strip() for s in text.split(",")]
     bad = [s for s in items if s not in allowed]
     if bad:
-        raise ValueError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
+        raise RequestError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(items))      # de-duplicated, order kept
 
 
@@ -248,7 +249,7 @@ class Bench:
         self.cuda = self.device.startswith("cuda")
         self.peers = None                  # load_peers(), once the prompts are known to encode
         self.runners = list(opts.strategies) + list(opts.peers)
-        self.max_tree = max(s.max_tree_size() for s in self.strategies.values())
+        self.max_tree = max(s.max_rows() for s in self.strategies.values())   # target tree or draft rows
 
     def load_peers(self) -> None:
         if self.opts.peers:
@@ -402,7 +403,8 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         log(f"skipping {len(skipped)} prompt(s) too long for the KV capacity {bench.gen.capacity} "
             "(raise max_seq_len in the config)")
     if not encoded:
-        raise ValueError("no prompt left to benchmark (all too long for the KV capacity)")
+        raise RequestError("no prompt left to benchmark (all too long for the KV capacity); raise max_seq_len "
+                           "or lower --max-new-tokens")
     bench.load_peers()
 
     info = machine_info(command)
@@ -469,7 +471,7 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     from .hf_peers import PEERS
 
     if not config_path and not engines_dir:
-        raise ValueError("give --config PATH (engines are built once into the cache) and/or --engines DIR")
+        raise RequestError("give --config PATH (engines are built once into the cache) and/or --engines DIR")
     opts = BenchOptions(dataset=dataset, strategies=parse_list(strategies, list(STRATEGIES), "strategy"),
                         peers=parse_list(peers, list(PEERS), "peer"), limit=limit, stride=stride,
                         max_new_tokens=max_new_tokens,
@@ -479,11 +481,11 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     if engines_dir:
         folder = Path(engines_dir)
         built = Config.from_dict(verify(folder)["config"])
-        if cfg is not None and built.digest() != cfg.digest():
-            raise ValueError(f"{folder} was built from another config than {config_path} (models or dtypes "
-                             "differ); rebuild it, or drop --config to use the folder's own")
+        if cfg is not None and built.digest() != cfg.with_backend(built.backend).digest():
+            raise RequestError(f"{folder} was built from another config than {config_path} (models or dtypes "
+                               "differ); rebuild it, or drop --config to use the folder's own")
     else:
-        folder = engines_for_config(cfg, log=log)
+        folder = engines_for_config(cfg, log=log, backend=backend)
     name = (cfg.name if cfg else folder.name)
     stem = Path(dataset).name.split(".")[0] if dataset.endswith((".jsonl", ".gz")) else dataset
     out = Path(output) if output else Path("out") / "bench" / f"{name}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -19,11 +19,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import TrtspecError
+
 DATASETS = ("humaneval", "mtbench")
 
 
-class DatasetError(ValueError):
-    pass
+class DatasetError(TrtspecError, ValueError):
+    """A dataset or prompt that cannot be used (missing pack, no chat template, bad JSONL)."""
 
 
 @dataclass

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..config import DTYPES
+from ..errors import RequestError
 from ..export.spec import ModelSpec, SpecError
 
 PEERS = ("hf", "hf-assisted", "hf-lookup")
@@ -155,10 +156,10 @@ class HFPeers:
                  device: str = "cpu"):
         bad = [p for p in peers if p not in PEERS]
         if bad:
-            raise ValueError(f"unknown peer(s) {bad}; choose from {', '.join(PEERS)}")
+            raise RequestError(f"unknown peer(s) {bad}; choose from {', '.join(PEERS)}")
         manifest = json.loads((Path(folder) / "manifest.json").read_text())
         if "hf-assisted" in peers and "draft" not in manifest["models"]:
-            raise ValueError("peer hf-assisted needs a draft model, and this engine folder has none; "
+            raise RequestError("peer hf-assisted needs a draft model, and this engine folder has none; "
                              "drop it from --peers")
         self.dtype = dtype
         self.device = device                  # our engine's: cpu (tested), cuda (untested here)

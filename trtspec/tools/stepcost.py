@@ -14,6 +14,9 @@ import time
 import click
 import torch
 
+from ..config import BACKENDS
+from ..options import MAX_STEP_TOKENS
+
 
 def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list[dict]:
     runner.reset()
@@ -37,15 +40,31 @@ def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list
 @click.option("--engines", "engines_dir", required=True, type=click.Path(exists=True))
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target")
 @click.option("--tokens", default="1,2,4,8,16,32", help="Comma-separated step sizes T.")
-@click.option("--cached", default=256, type=int, help="Tokens already in the cache.")
-@click.option("--threads", default=1, type=int)
-@click.option("--backend", default=None)
+@click.option("--cached", default=256, type=click.IntRange(0), help="Tokens already in the cache.")
+@click.option("--threads", default=1, type=click.IntRange(1))
+@click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Default: the folder's.")
 def main(engines_dir, role, tokens, cached, threads, backend):
+    """Time one target (or draft) forward over T new tokens after CACHED cached ones."""
     from ..engines.load import load_generator
+    from ..errors import TrtspecError
+    try:
+        sizes = [int(x) for x in tokens.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{tokens!r} is not a comma-separated list of integers", param_hint="--tokens")
+    if min(sizes) < 1 or max(sizes) > MAX_STEP_TOKENS:
+        raise click.BadParameter(f"step sizes must be in 1..{MAX_STEP_TOKENS}", param_hint="--tokens")
     torch.set_num_threads(threads)
-    gen = load_generator(engines_dir, backend=backend, threads=threads)
+    try:
+        gen = load_generator(engines_dir, backend=backend, threads=threads)
+    except TrtspecError as e:
+        raise click.ClickException(str(e)) from None
     runner = gen.target if role == "target" else gen.draft
-    for row in step_costs(runner, [int(x) for x in tokens.split(",")], cached):
+    if runner is None:
+        raise click.ClickException(f"{engines_dir} has no draft model; use --role target")
+    if cached + max(sizes) > runner.cache.capacity:
+        raise click.BadParameter(f"--cached {cached} + T {max(sizes)} exceeds the KV capacity "
+                                 f"{runner.cache.capacity}", param_hint="--cached")
+    for row in step_costs(runner, sizes, cached):
         click.echo(json.dumps({"role": role, "threads": threads, **row}))
 
 

@@ -3,9 +3,14 @@
 A strategy's `step(state)` drafts however it likes, ends with `state.verify_and_commit(tree)` (the
 shared exact target step), commits its draft KV if it has a draft model, and returns the emitted
 tokens. Strategies share TokenTree / DraftTree / verification / KV machinery; none re-implements it.
+
+Options are the `__init__` parameters, typed and bounded with `trtspec.options` aliases; every
+construction (from a config or from Python) is checked, and a bad option is one ConfigError line
+naming `strategies.NAME.KEY`.
 """
 from __future__ import annotations
 
+from ...options import checked_init
 from ..decode import DecodeState
 
 
@@ -13,9 +18,28 @@ class Strategy:
     name = "base"
     needs_draft = False
 
+    def __init__(self) -> None:
+        pass
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__init__")
+        if own is None:                           # no options: still refuse unknown keys
+            def own(self) -> None:
+                pass
+        cls.__init__ = checked_init(f"strategies.{cls.name}")(own)
+
     def step(self, st: DecodeState) -> list[int]:
         raise NotImplementedError
 
     def max_tree_size(self) -> int:
-        """Largest tree one step can send to the target (for capacity checks)."""
+        """Largest tree one step can send to the target, root included."""
         return 1
+
+    def max_draft_rows(self) -> int:
+        """Most draft-KV rows one step writes beyond the sequence (fed tree nodes, reviewed chains)."""
+        return 0
+
+    def max_rows(self) -> int:
+        """KV rows a step may need beyond the current sequence, in the target or the draft cache."""
+        return max(self.max_tree_size(), self.max_draft_rows())

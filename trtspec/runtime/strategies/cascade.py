@@ -20,23 +20,32 @@ import numpy as np
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+
+from ...errors import ConfigError
 from .base import Strategy
+
+Count = Annotated[int, Field(ge=0, le=64)]
 
 
 class Cascade(Strategy):
     name = "cascade"
     needs_draft = True
 
-    def __init__(self, k_draft: int = 6, k_mag: int = 4, mag_len: int = 6, lenience: float = 1.0,
-                 bigram: str | None = None):
-        if lenience < 1:
-            raise ValueError("lenience must be >= 1 (1 = strict review)")
+    def __init__(self, k_draft: Annotated[int, Field(ge=1, le=64)] = 6, k_mag: Count = 4, mag_len: Count = 6,
+                 lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None):
         self.k_draft, self.k_mag, self.mag_len, self.lenience = k_draft, k_mag, mag_len, lenience
-        table = np.load(bigram) if bigram else None
+        table = _bigram(bigram) if bigram else None
         self.mag = NGramDrafter(bigram=table)
 
     def max_tree_size(self) -> int:
         return self.k_draft + self.mag_len + self.k_mag + 1
+
+    def max_draft_rows(self) -> int:
+        return self.k_draft * (self.mag_len + 1)   # every review may feed mag_len rejected tokens
 
     def step(self, st: DecodeState) -> list[int]:
         t0 = time.perf_counter()
@@ -57,3 +66,15 @@ class Cascade(Strategy):
             chain.append(tree.add(chain[-1], int(tok)))
         st.draft_seconds = time.perf_counter() - t0
         return tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)[0]
+
+
+def _bigram(path: str) -> np.ndarray:
+    """The greedy bigram table (token -> next token), a 1-D integer .npy file."""
+    try:
+        table = np.load(Path(path).expanduser(), allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"strategies.cascade.bigram = {path!r}: cannot read it as a .npy table ({e})") from None
+    if table.ndim != 1 or table.dtype.kind not in "iu":
+        raise ConfigError(f"strategies.cascade.bigram = {path!r}: expected a 1-D integer array (token -> next "
+                          f"token), got shape {table.shape} of {table.dtype}")
+    return table

@@ -12,6 +12,7 @@ import torch
 from ..decode import DecodeState
 from ..sampling import sample
 from ..tree import TokenTree
+from ...options import TreeSize
 from .base import Strategy
 
 
@@ -20,13 +21,14 @@ class ChainSpeculative(Strategy):
     name = "chain"
     needs_draft = True
 
-    def __init__(self, k: int = 4):
-        if k < 1:
-            raise ValueError(f"chain needs k >= 1 draft tokens, got {k}")
+    def __init__(self, k: TreeSize = 4):
         self.k = k
 
     def max_tree_size(self) -> int:
         return self.k + 1
+
+    def max_draft_rows(self) -> int:
+        return self.k - 1
 
     def draft(self, st: DecodeState) -> tuple[list[int], torch.Tensor | None, int]:
         """Greedy or sampled chain from the draft model. Returns (drafts, q rows or None, pending).

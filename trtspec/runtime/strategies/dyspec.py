@@ -21,6 +21,11 @@ import torch
 
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ...options import MAX_STEP_TOKENS, Depth, Fraction, TreeSize
 from .base import Strategy
 
 
@@ -28,15 +33,17 @@ class DySpec(Strategy):
     name = "dyspec"
     needs_draft = True
 
-    def __init__(self, variant: str = "heap", budget: int = 24, batch: int = 6, threshold: float = 0.05,
-                 max_depth: int = 12):
-        if variant not in ("heap", "threshold"):
-            raise ValueError("dyspec variant must be 'heap' (Algorithm 1) or 'threshold' (Algorithm 2)")
+    def __init__(self, variant: Literal["heap", "threshold"] = "heap", budget: TreeSize = 24,
+                 batch: Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)] = 6, threshold: Fraction = 0.05,
+                 max_depth: Depth = 12):
         self.variant, self.budget, self.batch = variant, budget, batch
         self.threshold, self.max_depth = threshold, max_depth
 
     def max_tree_size(self) -> int:
         return self.budget + 1
+
+    def max_draft_rows(self) -> int:
+        return self.budget                     # every fed node was added first
 
     def _draw(self, st: DecodeState, residual: torch.Tensor) -> int:
         if st.sampling.greedy:

@@ -22,6 +22,11 @@ import numpy as np
 
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
+from typing import Annotated
+
+from pydantic import Field
+
+from ...options import Fraction, TreeSize
 from .base import Strategy
 
 
@@ -29,14 +34,26 @@ class GSD(Strategy):
     name = "gsd"
     needs_draft = True
 
-    def __init__(self, top_k: int = 3, sibling_ratio: float = 0.2, confidence: float = 0.3, repeat: int = 1,
-                 max_depth: int = 8, budget: int = 32, max_draft_nodes: int = 64):
+    def __init__(self, top_k: Annotated[int, Field(ge=1, le=64)] = 3, sibling_ratio: Fraction = 0.2,
+                 confidence: Fraction = 0.3, repeat: Annotated[int, Field(ge=-1, le=32)] = 1,
+                 max_depth: Annotated[int, Field(ge=1, le=64)] = 8, budget: TreeSize = 32,
+                 max_draft_nodes: TreeSize = 64):
         self.top_k, self.sibling_ratio, self.confidence, self.repeat = top_k, sibling_ratio, confidence, repeat
         self.max_depth, self.budget, self.max_draft_nodes = max_depth, budget, max_draft_nodes
         self.merges = 0
 
     def max_tree_size(self) -> int:
         return self.budget + 1
+
+    def max_draft_rows(self) -> int:
+        # Fed frontier nodes: those at depths 1 .. max_depth-1, at most top_k**d of them at depth d.
+        rows, level = 0, 1
+        for _ in range(1, self.max_depth):
+            level *= self.top_k
+            rows += level
+            if rows >= self.max_draft_nodes:
+                break
+        return min(rows, self.max_draft_nodes)
 
     def _match(self, tree: DraftTree, parent: int, tok: int, merged: dict[int, list[int]]) -> int:
         """An existing node with token `tok` whose r preceding tokens equal parent's path; -1 if none."""
@@ -81,7 +98,7 @@ class GSD(Strategy):
             new = []
             for node in frontier:
                 p = tree.probs[node]
-                top = p.topk(self.top_k)
+                top = p.topk(min(self.top_k, p.numel()))
                 p1 = float(top.values[0])
                 for prob, tok in zip(top.values.tolist(), top.indices.tolist()):
                     if prob < self.sibling_ratio * p1 or tree.size >= self.max_draft_nodes:

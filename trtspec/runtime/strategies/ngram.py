@@ -6,6 +6,11 @@ import time
 from ..decode import DecodeState
 from ..ngram import NGramDrafter
 from ..tree import TokenTree
+from typing import Annotated
+
+from pydantic import Field
+
+from ...options import TreeSize
 from .base import Strategy
 
 
@@ -13,7 +18,8 @@ class NGramSpeculative(Strategy):
     """Chain decoding with the statistical n-gram drafter: no draft model, drafts cost ~µs."""
     name = "ngram"
 
-    def __init__(self, k: int = 8, min_ngram: int = 1, drafter: NGramDrafter | None = None):
+    def __init__(self, k: TreeSize = 8, min_ngram: Annotated[int, Field(ge=1, le=32)] = 1,
+                 drafter: NGramDrafter | None = None):
         self.k = k
         # min_ngram > 1 drafts only on longer matches: where verifying extra tokens is not free
         # (a CPU step over T tokens costs more than one over 1), junk drafts cost real time.

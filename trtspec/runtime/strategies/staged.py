@@ -17,26 +17,36 @@ import time
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
+from typing import Annotated
+
+from pydantic import Field
+
+from ...options import Fraction, TreeSize
 from .base import Strategy
+
+Small = Annotated[int, Field(ge=1, le=64)]
 
 
 class Staged(Strategy):
     name = "staged"
     needs_draft = True
 
-    def __init__(self, budget: int = 24, width: int = 6, top_k: int = 4, max_rounds: int = 8,
-                 stage2: bool = True, stage2_len: int = 6, min_prob: float = 0.01):
+    def __init__(self, budget: TreeSize = 24, width: Small = 6, top_k: Small = 4, max_rounds: Small = 8,
+                 stage2: bool = True, stage2_len: Annotated[int, Field(ge=0, le=64)] = 6, min_prob: Fraction = 0.01):
         self.budget, self.width, self.top_k, self.max_rounds = budget, width, top_k, max_rounds
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
         self.ngram = NGramDrafter()
 
     def max_tree_size(self) -> int:
-        return self.budget + self.max_rounds * self.stage2_len + 1
+        return self.budget + (self.max_rounds * self.stage2_len if self.stage2 else 0) + 1
+
+    def max_draft_rows(self) -> int:
+        return self.max_tree_size() - 1        # fed nodes + reviewed stage-2 tokens
 
     def _push(self, heap: list, tree: DraftTree, node: int, value: float) -> None:
         """Candidate children of a fed node, keyed by cumulative probability (max-heap via -value)."""
         p = tree.probs[node]
-        top = p.topk(self.top_k)
+        top = p.topk(min(self.top_k, p.numel()))
         have = set(tree.tokens[tree.children(node)].tolist())
         for prob, tok in zip(top.values.tolist(), top.indices.tolist()):
             if tok not in have and value * prob >= self.min_prob:
