@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, RequestError
 from trtspec.export.tiny import tiny_spec
 from trtspec.runtime.generator import Generator
 from trtspec.runtime.kv_cache import CapacityError, KVCache
 from trtspec.runtime.sampling import SamplingParams
-from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
+from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative, Staged
 
 CAPACITY = 512
 
@@ -116,15 +116,16 @@ def test_strategy_object_without_draft_gives_clear_error(llama_pair):
         g.generate([1, 2, 3], strategy=ChainSpeculative(2), max_new_tokens=5)
 
 
-@pytest.mark.parametrize("make", [lambda: NGramSpeculative(300), lambda: ChainSpeculative(300)],
-                         ids=["ngram300", "chain300"])
+@pytest.mark.parametrize("make", [lambda: NGramSpeculative(300), lambda: ChainSpeculative(300),
+                                  lambda: Staged(budget=200, max_rounds=8, stage2_len=10)],
+                         ids=["ngram300", "chain300", "staged281"])
 def test_tree_larger_than_max_step_tokens(llama_pair, make):
     g = llama_pair.generator(capacity=1024)
     prompt = [5, 6] * 200              # periodic: the n-gram drafter proposes all k tokens
     ref = g.generate(prompt, strategy="ar", max_new_tokens=20).token_ids
     try:
         out = g.generate(prompt, strategy=make(), max_new_tokens=20).token_ids
-    except (ConfigError, CapacityError) as e:          # a clear refusal up front is acceptable
+    except (ConfigError, RequestError, CapacityError) as e:   # a clear refusal up front is acceptable
         assert "255" in str(e) or "256" in str(e) or "max_step_tokens" in str(e), str(e)
         return
     assert out == ref

@@ -117,6 +117,45 @@ def test_tree_too_big_for_the_kv_capacity_is_refused_at_load(tmp_path):
         load_config(write_config(tmp_path, d))
 
 
+def test_step_over_the_step_limit_is_refused_at_load(tmp_path):
+    d = _set(tiny_dict(), "strategies.staged", {"budget": 200, "max_rounds": 8, "stage2_len": 10})
+    d["max_seq_len"] = 1024
+    with pytest.raises(ConfigError, match=r"strategies.staged: one step can send 281 tokens.*256"):
+        load_config(write_config(tmp_path, d))
+
+
+def test_a_strategy_that_fits_max_seq_len_leaves_room_for_a_token(tmp_path):
+    d = _set(tiny_dict(), "strategies.ngram", {"k": 14})       # 15 rows: 1 prompt + 1 new + 15 > 16
+    d["max_seq_len"] = 16
+    with pytest.raises(ConfigError, match="strategies.ngram: one step can need 15 KV rows"):
+        load_config(write_config(tmp_path, d))
+    d["strategies"]["ngram"]["k"] = 13                          # 1 + 1 + 14 = 16: fits
+    load_config(write_config(tmp_path, d))
+
+
+def test_a_backend_override_is_checked_before_building(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path / "cache"))
+    d = tiny_dict()
+    d["build"] = {"onnx_dtypes": ["bf16"]}
+    cfg = write_config(tmp_path, d)
+    res = CliRunner().invoke(main, ["run", "--config", str(cfg), "--prompt", "x", "--backend", "onnxruntime"])
+    assert "backend onnxruntime needs fp32 or fp16" in one_line_error(res)
+    d["build"] = {"onnx_dtypes": ["fp32"]}
+    d["buckets"] = {"tokens": [8], "cache": [256]}
+    res = CliRunner().invoke(main, ["run", "--config", str(write_config(tmp_path, d)), "--prompt", "x",
+                                    "--backend", "onnxruntime"])
+    assert "token buckets only" in one_line_error(res)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_subclassed_strategy_keeps_its_parents_options():
+    class LongChain(ChainSpeculative):
+        name = "longchain"
+    assert LongChain(k=3).max_tree_size() == 4
+    with pytest.raises(ConfigError, match="k = 0"):
+        LongChain(k=0)
+
+
 def test_strategy_options_are_checked_from_python_too():
     with pytest.raises(ConfigError, match="strategies.dyspec.batch = 0"):
         DySpec(batch=0)
@@ -313,6 +352,7 @@ def test_run_uses_the_folders_backend(ort_folder, torch_folder):
         assert json.loads(res.output.strip().splitlines()[-1])["backend"] == want
     res = CliRunner().invoke(main, ["run", "--engines", str(folder), "--prompt", "x = 1", "--max-new-tokens", "4",
                                     "--json", "--backend", "torch"])      # the folder has weights too
+    assert res.exit_code == 0, res.output
     assert json.loads(res.output.strip().splitlines()[-1])["backend"] == "torch"
 
 

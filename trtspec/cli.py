@@ -104,7 +104,7 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
-    from .engines.load import engines_for_config, load_generator, load_tokenizer, open_folder
+    from .engines.load import check_runnable, engines_for_config, load_generator, load_tokenizer, open_folder
     from .runtime.generator import check_capacity, room_for
     from .runtime.sampling import SamplingParams
     from .runtime.strategies import make_strategy
@@ -117,7 +117,10 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         raise click.UsageError("give --engines DIR or --config PATH, not both")
     if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
         raise click.UsageError("--show-tree needs a .png or .svg file name")
-    text = prompt if prompt is not None else Path(prompt_file).read_text()
+    try:
+        text = prompt if prompt is not None else Path(prompt_file).read_text()
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"--prompt-file {prompt_file} is not UTF-8 text ({e.reason})") from None
     if not text:
         raise click.UsageError("the prompt is empty" + (f" ({prompt_file})" if prompt_file else ""))
     sampling = SamplingParams(temperature, top_k, top_p)
@@ -130,6 +133,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         raise RequestError(f"strategy {name!r} needs a draft model and {cfg.name} has none; use --strategy ar "
                            "or ngram, or add a draft to the config")
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
+    check_runnable(cfg)
 
     folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
     opened = opened or open_folder(folder, None, cfg)

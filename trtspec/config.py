@@ -133,6 +133,9 @@ class Config(Strict):
         if self.backend == "onnxruntime" and not {"fp32", "fp16"} & set(self.build.onnx_dtypes):
             raise ValueError("backend onnxruntime needs fp32 or fp16 in build.onnx_dtypes (its CPU kernels have "
                              "no bf16)")
+        if self.backend == "onnxruntime" and self.buckets.cache:
+            raise ValueError("backend onnxruntime takes token buckets only (a padded past would overlap the rows "
+                             "it writes): remove buckets.cache, or use backend torch")
         if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
             raise ValueError(f"buckets.cache {self.buckets.cache}: a cache bucket above max_seq_len "
                              f"{self.max_seq_len} is never used; keep buckets <= max_seq_len")
@@ -143,10 +146,17 @@ class Config(Strict):
             opts = self.strategies.get(name) or {}
             if not isinstance(opts, dict):
                 raise ValueError(f"strategies.{name} must be a mapping of options, e.g. {{k: 4}}")
+            if name == "cascade" and opts.get("bigram") and self.source:   # relative to the config file
+                opts = {**opts, "bigram": str((Path(self.source).parent / str(opts["bigram"])).resolve())}
+                self.strategies[name] = opts
             strat = make_strategy(name, **opts)        # raises ConfigError naming strategies.NAME.KEY
             if strat.needs_draft and self.draft is None and name == self.strategy:
                 raise ValueError(f"strategy {name!r} needs a draft model: add `draft:` or choose ar / ngram")
-            need = 1 + strat.max_rows()
+            if strat.max_tree_size() > MAX_STEP_TOKENS:
+                raise ValueError(f"strategies.{name}: one step can send {strat.max_tree_size()} tokens to the target, "
+                                 f"more than the {MAX_STEP_TOKENS} a step takes; lower its budget (or max_rounds x "
+                                 "stage2_len)")
+            need = 2 + strat.max_rows()               # a prompt token, a new token, the largest step
             if need > self.max_seq_len:
                 raise ValueError(f"strategies.{name}: one step can need {strat.max_rows()} KV rows beyond the "
                                  f"sequence, more than max_seq_len {self.max_seq_len}; lower its budget or raise "
@@ -167,7 +177,10 @@ class Config(Strict):
         return self.model_dump(mode="json")
 
     def with_backend(self, backend: str | None) -> "Config":
-        return self if backend is None or backend == self.backend else self.model_copy(update={"backend": backend})
+        """This config with another backend, checked again (a backend brings its own rules)."""
+        if backend is None or backend == self.backend:
+            return self
+        return Config.from_dict({**self.to_dict(), "backend": backend}, source=self.source)
 
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""

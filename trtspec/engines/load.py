@@ -96,14 +96,8 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
     backend = backend or manifest.get("backend") or cfg.backend
     if backend not in BACKEND_ARTIFACTS:
         raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_ARTIFACTS)}")
-    if backend == "tensorrt":
-        from .tensorrt_build import tensorrt_unavailable_reason
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
-    if backend == "onnxruntime" and cfg.buckets.cache:
-        raise EngineError("the ONNX Runtime engine takes token buckets only (a padded past would overlap the rows "
-                          "it writes); remove buckets.cache from the config or use --backend torch")
+    cfg = cfg.with_backend(backend)              # the backend's own config rules, checked again
+    check_runnable(cfg)
     for role, info in manifest["models"].items():
         if not set(BACKEND_ARTIFACTS[backend]) & set(info["artifacts"]):
             built = manifest.get("backend", cfg.backend)
@@ -111,10 +105,19 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
                               f"run it with --backend {built}, or rebuild: trtspec build --config "
                               f"{config.source if config is not None and config.source else 'CONFIG'} "
                               f"--output {folder} --backend {backend} --force")
+    return manifest, cfg, backend
+
+
+def check_runnable(cfg: Config) -> None:
+    """EngineError if this machine cannot run `cfg` (its backend or device), before any engine loads."""
+    if cfg.backend == "tensorrt":
+        from .tensorrt_build import tensorrt_unavailable_reason
+        reason = tensorrt_unavailable_reason()
+        if reason:
+            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise EngineError("the config says device: cuda but no CUDA GPU is visible to torch; set device: cpu "
                           "or run on a machine with a GPU (and torch built with CUDA)")
-    return manifest, cfg.with_backend(backend), backend
 
 
 def load_tokenizer(folder: str | Path, manifest: dict):

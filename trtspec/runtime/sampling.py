@@ -6,6 +6,7 @@ same parameters (temperature, then top-k, then top-p), so both sides use this on
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ class SamplingParams:
             raise RequestError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if isinstance(self.top_p, bool) or not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+        if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
 
     @property

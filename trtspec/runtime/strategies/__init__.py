@@ -1,6 +1,7 @@
 """Decoding strategies, by name. Each file holds one strategy; all share the same machinery."""
 from __future__ import annotations
 
+from ...errors import ConfigError
 from .ar import Autoregressive
 from .base import Strategy
 from .cascade import Cascade
@@ -22,12 +23,10 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 
 def make_strategy(name: str, **options) -> Strategy:
+    """The strategy `name` with `options` (checked: a bad one is a ConfigError naming it)."""
     if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
-    try:
-        return STRATEGIES[name](**options)
-    except TypeError as e:
-        raise ValueError(f"bad options for strategy {name!r} in the config: {e}") from None
+        raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+    return STRATEGIES[name](**options)
 
 
 __all__ = ["Strategy", "STRATEGIES", "make_strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative",

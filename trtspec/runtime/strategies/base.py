@@ -24,6 +24,8 @@ class Strategy:
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__init__")
+        if own is None and cls.__init__ is not Strategy.__init__:
+            return                                # inherits a parent strategy's checked options
         if own is None:                           # no options: still refuse unknown keys
             def own(self) -> None:
                 pass
