@@ -359,3 +359,26 @@ def test_hf_converter_matches_decoder(arch, tie, rope):
         ref = hf(torch.tensor([tokens])).logits[0].float()
     got = reference_logits(ours, tokens)
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+# --- concurrency mode -------------------------------------------------------------------------
+
+def test_concurrency_mode(engines, prompts_file, tmp_path):
+    out = tmp_path / "conc"
+    r = invoke("--engines", engines, "--dataset", prompts_file, "--strategies", "chain", "--max-new-tokens", 12,
+               "--concurrency", "1,2,4", "--threads", 1, "--output", out)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    data = json.loads((out / "concurrency.json").read_text())
+    runs = data["runs"]
+    assert [(x["strategy"], x["concurrency"]) for x in runs] == [(s, c) for s in ("ar", "chain") for c in (1, 2, 4)]
+    for x in runs:
+        assert x["requests"] == len(PROMPTS) and x["new_tokens"] == 12 * len(PROMPTS)
+        assert x["equal_to_sequential"] == len(PROMPTS)              # batch invariance, greedy
+        assert 0 < x["latency_p50_s"] <= x["latency_p95_s"] and x["tokens_per_s"] > 0
+        assert x["mean_batch_rows"] >= 1
+    ar4 = next(x for x in runs if x["strategy"] == "ar" and x["concurrency"] == 4)
+    assert ar4["mean_batch_rows"] > 1.5                                 # requests really shared forwards
+    assert (out / "concurrency.md").read_text().count("\n") == 2 + len(runs)
+    assert (out / "concurrency.png").stat().st_size > 1000
+    assert_one_line_error(invoke("--engines", engines, "--dataset", prompts_file, "--concurrency", "0,2",
+                                 "--output", tmp_path / "x"), "--concurrency")

@@ -7,7 +7,7 @@ import torch
 from trtspec.errors import ConfigError, RequestError
 from trtspec.export.tiny import tiny_spec
 from trtspec.runtime.generator import Generator
-from trtspec.runtime.kv_cache import CapacityError, KVCache
+from trtspec.runtime.kv_cache import CapacityError, KVPool
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative, Staged
 
@@ -16,14 +16,14 @@ CAPACITY = 512
 
 def snapshot(gen: Generator) -> dict:
     """Identity, address and shape of every preallocated buffer."""
-    out = {"seq": (id(gen._seq), gen._seq.ctypes.data, gen._seq.shape)}
-    for name, runner in (("target", gen.target), ("draft", gen.draft)):
-        out[name + ".runner"] = id(runner)
-        out[name + ".cache"] = id(runner.cache)
-        for attr in ("_mask", "_rows"):
-            t = getattr(runner, attr)
+    out = {"seq": [(id(s.seq), s.seq.ctypes.data, s.seq.shape) for s in gen.slots]}
+    for name, batcher in gen.batchers.items():
+        out[name + ".runners"] = [id(getattr(s, name)) for s in gen.slots]
+        out[name + ".caches"] = [id(getattr(s, name).cache) for s in gen.slots]
+        for attr in ("_mask", "_ids", "_pos", "_rows"):
+            t = getattr(batcher, attr)
             out[f"{name}.{attr}"] = (id(t), t.data_ptr(), tuple(t.shape))
-        buf = runner.cache.buf
+        buf = gen.pools[name].buf
         out[name + ".kv"] = (id(buf), buf.data_ptr(), tuple(buf.shape), buf.dtype)
     return out
 
@@ -36,8 +36,10 @@ def gen(llama_pair) -> Generator:
 def test_buffers_allocated_once_and_reused(gen, llama_pair):
     spec = llama_pair.spec
     before = snapshot(gen)
-    assert before["target.kv"][2] == (spec.num_layers, 2, CAPACITY, spec.num_kv_heads, spec.head_dim)
-    assert before["draft.kv"][2][2] == CAPACITY
+    head = gen.batchers["target"].headroom                   # padded batch rows spill past capacity
+    assert before["target.kv"][2] == (spec.num_layers, 2, len(gen.slots), CAPACITY + head, spec.num_kv_heads,
+                                      spec.head_dim)
+    assert before["draft.kv"][2][3] == CAPACITY + head
 
     prompt = [3, 17, 99, 250, 3, 17, 99]
     t1 = SamplingParams(temperature=1.0)
@@ -97,7 +99,7 @@ def test_prompt_alone_over_capacity(llama_pair):
 
 
 def test_kv_cache_slots_capacity_error():
-    cache = KVCache(tiny_spec(num_layers=1, hidden_size=32), capacity=8, dtype=torch.float32)
+    cache = KVPool(tiny_spec(num_layers=1, hidden_size=32), 1, capacity=8, dtype=torch.float32).caches[0]
     cache.advance(6)
     assert len(cache.slots(2)) == 2
     with pytest.raises(CapacityError, match=r"needs 9 KV rows but the cache holds 8"):

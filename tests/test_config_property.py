@@ -142,7 +142,7 @@ def check(d: dict) -> str:
         return "refused at build/load"
     prompt = gen.tokenizer("def f(x):")["input_ids"]
     for name in dict.fromkeys([cfg.strategy, *cfg.strategies]):
-        strat = gen.strategy(name) if not (STRATEGIES[name].needs_draft and gen.draft is None) else None
+        strat = gen.strategy(name) if not (STRATEGIES[name].needs_draft and gen.draft_engine is None) else None
         if strat is None:
             continue
         n = min(6, room_for(len(prompt), strat, gen.capacity))

@@ -27,7 +27,7 @@ from hypothesis import strategies as hst
 from conftest import reference_logits
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.draft_tree import DraftTree
-from trtspec.runtime.runner import ModelRunner
+from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged
 from trtspec.runtime.strategies import gsd as gsd_mod
@@ -46,8 +46,8 @@ ATOL = 2e-5
 
 def make_state(pair, prompt: list[int], lag: int = 1, sampling: SamplingParams = GREEDY) -> DecodeState:
     """A DecodeState whose draft cache holds prompt[:-lag] (lag >= 1: the root is never cached)."""
-    draft = ModelRunner(pair.draft_engine, CAP)
-    draft.prefill(list(prompt[: len(prompt) - lag]))
+    draft = ModelRunner.alone(pair.draft_engine, CAP)
+    drive(draft.prefill(list(prompt[: len(prompt) - lag])))
     st = DecodeState(None, draft, sampling, torch.Generator().manual_seed(0), np.zeros(CAP, dtype=np.int64), 0)
     st.append(list(prompt))
     return st
@@ -74,8 +74,8 @@ def ref_argmax(pair, st: DecodeState, toks: list[int]) -> int:
 
 
 def fresh_kv(pair, tokens: list[int]) -> torch.Tensor:
-    r = ModelRunner(pair.draft_engine, CAP)
-    r.prefill(tokens)
+    r = ModelRunner.alone(pair.draft_engine, CAP)
+    drive(r.prefill(tokens))
     return r.cache.buf[:, :, : r.cache.length].clone()
 
 
@@ -112,7 +112,7 @@ def review_chain(pair, st, tree, node: int, keep: int, length: int, rng) -> tupl
 def grow(pair, st: DecodeState, rng, rounds: int) -> tuple[DraftTree, list[int]]:
     """Random growth: each round adds 1-3 children under 1-3 fed alive nodes (mixed depths), feeds
     them in one forward, sometimes with a reviewed chain after one of them; some nodes stay unfed."""
-    tree = DraftTree(st, capacity=CAP)
+    tree = drive(DraftTree.open(st, capacity=CAP))
     unfed: list[int] = []
     for _ in range(rounds):
         fed = [n for n in range(tree.size) if tree.fed(n) and tree.alive[n]]
@@ -138,7 +138,7 @@ def grow(pair, st: DecodeState, rng, rounds: int) -> tuple[DraftTree, list[int]]
             chain, kept = review_chain(pair, st, tree, at, int(rng.integers(0, length + 1)), length, rng)
             chains[at], expect[at] = chain, kept
         size0 = tree.size
-        done = tree.feed(batch, chains)
+        done = drive(tree.feed(batch, chains))
         n_chain = sum(len(c) for c in chains.values())
         assert tree.size == size0 + n_chain
         kept_nodes = [n for n in range(size0, tree.size) if tree.alive[n]]
@@ -214,7 +214,7 @@ def test_commit_equals_fresh_prefill(llama_pair, prompt, lag, rounds, seed, end)
         above = fed[int(rng.integers(0, len(fed)))] if fed else 0
         b = tree.add(above, int(rng.integers(0, pair.spec.vocab_size)), borrowed=True)
         if end == "borrowed_fed":                   # even when its KV row exists, it is not committed
-            tree.feed([b])
+            drive(tree.feed([b]))
             assert tree.fed(b)
         leaf = tree.add(b, int(rng.integers(0, pair.spec.vocab_size)))
         assert tree.borrowed[leaf], "a child of a borrowed node is borrowed"
@@ -230,7 +230,7 @@ def test_commit_equals_fresh_prefill(llama_pair, prompt, lag, rounds, seed, end)
     # Next step: the sequence gains the whole accepted path + a bonus token; the new DraftTree
     # re-feeds the uncommitted tokens as pending and its root distribution is again exact.
     st.append(tree.tokens[path[1:]].tolist() + [ALPHABET[int(rng.integers(0, len(ALPHABET)))]])
-    nxt = DraftTree(st, capacity=CAP)
+    nxt = drive(DraftTree.open(st, capacity=CAP))
     assert nxt.pending == st.tokens()[len(committed):].tolist()
     torch.testing.assert_close(nxt.probs[0], ref_dist(pair, st, []), atol=ATOL, rtol=1e-4)
 
@@ -251,14 +251,14 @@ def patch_step_checks(strat, monkeypatch) -> list[tuple[int, int]]:
     orig = type(strat).step
 
     def step(self, st):
-        emitted = orig(self, st)
+        emitted = yield from orig(self, st)
         seq = st.tokens().tolist() + emitted
         c = st.draft.cache
         assert c.scratch == 0
         lag = len(seq) - c.length
         assert 1 <= lag <= len(emitted), f"draft cache lag {lag} after emitting {len(emitted)}"
-        ref = ModelRunner(st.draft.engine, CAP)
-        ref.prefill(seq[: c.length])
+        ref = ModelRunner.alone(st.draft.engine, CAP)
+        drive(ref.prefill(seq[: c.length]))
         torch.testing.assert_close(c.buf[:, :, : c.length], ref.cache.buf[:, :, : c.length], atol=ATOL, rtol=1e-4)
         lags.append((lag, len(emitted)))
         return emitted
@@ -295,7 +295,7 @@ def test_draft_cache_after_every_step(llama_pair, small_pair, strat, monkeypatch
 @pytest.fixture
 def reviewed(llama_pair):
     st = make_state(llama_pair, [3, 17, 99, 3, 17], lag=1)
-    tree = DraftTree(st, capacity=CAP)
+    tree = drive(DraftTree.open(st, capacity=CAP))
     a = tree.add(0, 250)
     b = tree.add(0, 7)
     return llama_pair, st, tree, a, b
@@ -305,7 +305,7 @@ def reviewed(llama_pair):
 def test_review_keeps_argmax_prefix(reviewed, keep, length):
     pair, st, tree, a, b = reviewed
     chain, _ = review_chain(pair, st, tree, a, keep, length, np.random.default_rng(keep * 10 + length))
-    done = tree.feed([a, b], {a: chain})
+    done = drive(tree.feed([a, b], {a: chain}))
     nodes = list(range(3, 3 + length))
     assert done == [a, b] + nodes[:keep]
     assert tree.reviewed == length and tree.review_kept == keep
@@ -331,21 +331,21 @@ def test_review_lenience(reviewed):
     lows = sorted(p.argsort()[:5].tolist())
     for lenience, kept in ((1.0, False), (ratio * 0.999, False), (ratio * 1.001, True), (1e9, True)):
         st2 = make_state(pair, [3, 17, 99, 3, 17], lag=1)
-        tree = DraftTree(st2, capacity=CAP)
+        tree = drive(DraftTree.open(st2, capacity=CAP))
         node = tree.add(0, 250)
         nxt = ref_argmax(pair, st2, [250, second])
-        done = tree.feed([node], {node: [second, nxt]}, lenience)
+        done = drive(tree.feed([node], {node: [second, nxt]}, lenience))
         if kept:        # the lenient token is kept, and the review goes on from its own distribution
             assert done == [node, 2, 3] and tree.alive[2:4].all()
         else:
             assert done == [node] and not tree.alive[2:4].any()
     # a token far below max / lenience is rejected even with a large lenience
     st3 = make_state(pair, [3, 17, 99, 3, 17], lag=1)
-    tree = DraftTree(st3, capacity=CAP)
+    tree = drive(DraftTree.open(st3, capacity=CAP))
     node = tree.add(0, 250)
     low = lows[0]
     assert float(p[low]) * 50 < p1
-    assert tree.feed([node], {node: [low]}, 50.0) == [node]
+    assert drive(tree.feed([node], {node: [low]}, 50.0)) == [node]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +356,7 @@ def test_review_lenience(reviewed):
 def hand_tree(llama_pair):
     """A DraftTree over prompt [..., 3] (root token 3) whose nodes are added by hand (never fed)."""
     st = make_state(llama_pair, [17, 99, 3], lag=1)
-    return DraftTree(st, capacity=64)
+    return drive(DraftTree.open(st, capacity=64))
 
 
 def test_match_refuses_ancestor_and_self(hand_tree):
@@ -498,7 +498,7 @@ def random_dag(tree: DraftTree, rng, n_nodes: int, n_merges: int) -> dict[int, l
        budget=hst.integers(1, 40))
 def test_unroll_random_dags(llama_pair, seed, n_nodes, n_merges, budget):
     st = make_state(llama_pair, [17, 99, 3], lag=1)
-    tree = DraftTree(st, capacity=64 + 2 * budget)
+    tree = drive(DraftTree.open(st, capacity=64 + 2 * budget))
     rng = np.random.default_rng(seed)
     merged = random_dag(tree, rng, n_nodes, n_merges)
     size0 = tree.size

@@ -33,7 +33,7 @@ def copy_engines(src: Path, tmp_path: Path) -> Path:
 
 def test_engine_folder_layout(engines):
     m = verify(engines)
-    assert m["format"] == "trtspec-engine" and m["contract_version"] == 1
+    assert m["format"] == "trtspec-engine" and m["contract_version"] == 2
     for role in ("target", "draft"):
         arts = m["models"][role]["artifacts"]
         assert {"weights", "onnx_fp32", "ort_fp32"} <= set(arts)
@@ -147,10 +147,10 @@ def test_int8_draft_is_lossless(engines):
     from trtspec.engines.quantize import quantize_decoder
     from trtspec.engines.torch_engine import TorchEngine
     from trtspec.runtime.generator import Generator
-    q = Generator(gen.target.engine, TorchEngine(quantize_decoder(gen.draft.engine.model, "int8")),
+    q = Generator(gen.target_engine, TorchEngine(quantize_decoder(gen.draft_engine.model, "int8")),
                   capacity=512, strategy_options=gen.config.strategies)
     import torch
-    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.draft.engine.model.modules())
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in q.draft_engine.model.modules())
     prompt = gen.tokenizer("for i in range(10):\n    print(i)\n")["input_ids"]
     ref = gen.generate(prompt, strategy="ar", max_new_tokens=24).token_ids
     for strategy in ("chain", "staged", "dyspec", "gsd", "cascade"):

@@ -12,7 +12,7 @@ from trtspec.engines.cuda_graphs import GraphedTorchEngine
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.export.tiny import tiny_pair, tiny_spec
 from trtspec.runtime.generator import Generator
-from trtspec.runtime.runner import bucket
+from trtspec.runtime.batch import bucket
 
 BUCKETS = {"tokens": [1, 4, 8, 16, 32], "cache": [64, 128, 256]}
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 9, 9, 1, 2]
@@ -50,18 +50,19 @@ def test_graphs_keyed_by_bucketed_shape_and_reused(pair):
     g = Generator(target, draft, capacity=256, buckets=BUCKETS)
     g.generate(PROMPT, strategy="staged", max_new_tokens=30)
     keys = set(target.graphs)
-    # Every shape is a bucket: T in the token buckets, C+T - T in the cache buckets.
-    for _, t, total, _ in keys:
-        assert t in BUCKETS["tokens"] and total - t in BUCKETS["cache"]
-    addrs = {k: (gr.ids.data_ptr(), gr.mask.data_ptr(), gr.logits.data_ptr()) for k, gr in target.graphs.items()}
+    # Every shape is a bucket: T in the token buckets, C+T - T in the cache buckets, and the
+    # logit rows are 1 or the whole token bucket (static per bucket).
+    for b, t, total, r in keys:
+        assert t in BUCKETS["tokens"] and total - t in BUCKETS["cache"] and r in (1, t)
+    def addrs(engine):
+        return {k: (gr.inputs["input_ids"].data_ptr(), gr.inputs["attn_mask"].data_ptr(), gr.past.data_ptr(),
+                    gr.logits.data_ptr()) for k, gr in engine.graphs.items()}
+    before = addrs(target)
     for _ in range(3):
         g.generate(PROMPT, strategy="staged", max_new_tokens=30)
     assert set(target.graphs) == keys, "the same requests must not create new graphs"
-    assert {k: (gr.ids.data_ptr(), gr.mask.data_ptr(), gr.logits.data_ptr())
-            for k, gr in target.graphs.items()} == addrs
-    assert sum(gr.replays for gr in target.graphs.values()) > len(keys)
-    # Target and draft caches never share a graph (keys carry the cache buffer).
-    assert not set(target.graphs) & set(draft.graphs)
+    assert addrs(target) == before
+    assert sum(gr.runs for gr in target.graphs.values()) > len(keys)
 
 
 def test_unbucketed_shapes_multiply_graphs(pair):
@@ -73,21 +74,31 @@ def test_unbucketed_shapes_multiply_graphs(pair):
 
 
 def test_staged_bucket_scatter_on_cpu(pair):
-    """The staging used by the TensorRT and ONNX Runtime CUDA-graph engines: inputs land in fixed
-    buffers and the staged new KV rows go to the moving cache slots."""
+    """The staging shared by the graph engines (torch CUDA graphs, TensorRT, ONNX Runtime CUDA):
+    inputs and each row's past land in fixed buffers, and the staged new KV rows go to each row's
+    moving slot position; the graph never writes a live cache row."""
     import torch
 
     from trtspec.engines.staging import StagedBucket
     spec = pair[0].spec
-    cache = TorchEngine(pair[0]).new_cache(64)
-    cache.length = 10
-    b = StagedBucket.make(spec, cache.buf.dtype, "cpu", t=3, total=16, r=2)
-    addrs = [b.inputs["attn_mask"].data_ptr(), b.logits.data_ptr(), b.new_kv[0].data_ptr()]
-    ids = torch.tensor([5, 6, 7])
-    b.load(cache, ids, torch.tensor([10, 11, 11]), torch.ones(3, 16, dtype=torch.bool), torch.tensor([0, 2]))
-    assert b.slot.tolist() == [10, 11, 12] and b.inputs["input_ids"].tolist() == [5, 6, 7]
-    for n, x in enumerate(b.new_kv):
-        x.fill_(n + 1)
-    b.scatter_new_kv(cache)
-    assert float(cache.buf[1, 1, 10:13].min()) == 4 and float(cache.buf[1, 1, 13].abs().max()) == 0
-    assert addrs == [b.inputs["attn_mask"].data_ptr(), b.logits.data_ptr(), b.new_kv[0].data_ptr()]
+    pool = TorchEngine(pair[0]).new_pool(3, 64)
+    a, b = pool.caches[2], pool.caches[0]
+    a.length, b.length = 10, 4
+    pool.buf.normal_()
+    live = pool.buf.clone()
+    g = StagedBucket.make(spec, pool.buf.dtype, "cpu", b=2, t=3, total=16, r=2)
+    addrs = [g.inputs["attn_mask"].data_ptr(), g.logits.data_ptr(), g.new_kv.data_ptr(), g.past.data_ptr()]
+    g.load([a, b], torch.tensor([[5, 6, 7], [1, 2, 3]]), torch.tensor([[10, 11, 11], [4, 5, 6]]),
+           torch.ones(2, 3, 16, dtype=torch.bool), torch.tensor([[0, 2], [1, 2]]))
+    assert g.inputs["input_ids"].tolist() == [[5, 6, 7], [1, 2, 3]]
+    assert torch.equal(g.past[:, 0], a.buf[:, :, :13].flatten(0, 1))      # row 0 = slot 2's past
+    assert torch.equal(g.past[:, 1], b.buf[:, :, :13].flatten(0, 1))
+    assert torch.equal(pool.buf, live), "loading must not touch the cache"
+    for n in range(g.new_kv.shape[0]):
+        g.new_kv[n, 0].fill_(n + 1)
+        g.new_kv[n, 1].fill_(-(n + 1))
+    g.scatter_new_kv([a, b])
+    assert float(a.buf[1, 1, 10:13].min()) == 4 and torch.equal(a.buf[:, :, 13:], live[:, :, 2, 13:])
+    assert float(b.buf[1, 0, 4:7].max()) == -3 and torch.equal(b.buf[:, :, :4], live[:, :, 0, :4])
+    assert torch.equal(pool.buf[:, :, 1], live[:, :, 1]), "a slot outside the batch was written"
+    assert addrs == [g.inputs["attn_mask"].data_ptr(), g.logits.data_ptr(), g.new_kv.data_ptr(), g.past.data_ptr()]

@@ -269,7 +269,7 @@ def test_draft_rows_are_reserved(llama_pair, strat):
     it = small.iter_tokens(prompt, strategy=strat, max_new_tokens=n)
     with pytest.raises(CapacityError, match=f"draft {strat.max_draft_rows()}"):
         next(it)
-    assert small.target.forwards == 0 and small.draft.forwards == 0
+    assert all(b.forwards == 0 for b in small.batchers.values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -107,9 +107,9 @@ def test_export_graph_is_standard_onnx(exported, arch):
     assert [v.name for v in proto.graph.input] == ins and [v.name for v in proto.graph.output] == outs
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in [*proto.graph.input, *proto.graph.output]}
-    assert dims["attn_mask"] == ["new_tokens", "total_len"]
-    assert dims["past_key.1"] == ["past_len", 2, 16] and dims["new_value.0"] == ["new_tokens", 2, 16]
-    assert dims["logits"] == ["logit_rows", 97]
+    assert dims["attn_mask"] == ["batch", "new_tokens", "total_len"]
+    assert dims["past_key.1"] == ["batch", "past_len", 2, 16] and dims["new_value.0"] == ["batch", "new_tokens", 2, 16]
+    assert dims["logits"] == ["batch", "logit_rows", 97]
 
 
 # --- (b, d) ORT against torch, in place on the cache --------------------------------------------
@@ -156,7 +156,7 @@ def test_ort_writes_new_rows_into_cache_in_place(exported):
     cache = engine.new_cache(16)
     ptr, gen = cache.buf.data_ptr(), torch.Generator().manual_seed(2)
     with torch.no_grad():
-        ref = model(*prefill(gen, 0, 5), [torch.zeros(0, 2, 16)] * 4)[1]
+        ref = [kv[0] for kv in model(*[x[None] for x in prefill(gen, 0, 5)], [torch.zeros(1, 0, 2, 16)] * 4)[1]]
     gen.manual_seed(2)
     for step in range(4):  # same tokens as `ref` for the first step, then decodes
         engine.step(cache, *(prefill(gen, 0, 5) if step == 0 else prefill(gen, cache.used, 1)))

@@ -7,7 +7,7 @@ from trtspec.tools.stepcost import step_costs
 
 def test_step_costs_shape_and_cache_untouched():
     target, _ = tiny_pair(tiny_spec(vocab_size=128), seed=0)
-    runner = ModelRunner(TorchEngine(target), capacity=128)
+    runner = ModelRunner.alone(TorchEngine(target), 128)
     rows = step_costs(runner, [1, 2, 8], cached=32, repeats=2)
     assert [r["T"] for r in rows] == [1, 2, 8]
     assert all(0 < r["min_s"] <= r["median_s"] for r in rows)

@@ -147,7 +147,6 @@ def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_
         assert s.extra["merges"] >= 0 and isinstance(s.extra["merged_path"], bool)
         if repeat < 0:
             assert s.extra["merges"] == 0 and not s.extra["merged_path"]
-    assert strat.merges == sum(s.extra["merges"] for s in res.steps)
 
 
 @SETTINGS
@@ -156,7 +155,7 @@ def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_draft, mag_len, k_mag, lenience,
                            use_bigram):
-    vocab = gens[arch].target.engine.spec.vocab_size
+    vocab = gens[arch].target_engine.spec.vocab_size
     strat = Cascade(k_draft=k_draft, k_mag=k_mag, mag_len=mag_len, lenience=lenience,
                     bigram=bigram_tables[vocab] if use_bigram else None)
     run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
@@ -214,7 +213,7 @@ def test_fixed_strategies_equal_ar(gens, ar_ref, strat):
 
 def test_cascade_with_bigram_fixed(gens, ar_ref, bigram_tables):
     for arch, prompts in FIXED_PROMPTS.items():
-        vocab = gens[arch].target.engine.spec.vocab_size
+        vocab = gens[arch].target_engine.spec.vocab_size
         for lenience in (1.0, 3.0):
             strat = Cascade(k_draft=5, k_mag=3, mag_len=4, lenience=lenience, bigram=bigram_tables[vocab])
             for prompt in prompts:
@@ -272,13 +271,13 @@ def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, c
     else:
         prompt, strat, n = [3, 17, 99, 3, 17], Cascade(bigram=bigram_tables[512]), MAX_NEW
     caps = []
-    real = cascade_mod.DraftTree
+    real = cascade_mod.DraftTree.open
 
     def spy(st, capacity=512):
         caps.append(capacity)
         return real(st, capacity)
 
-    monkeypatch.setattr(cascade_mod, "DraftTree", spy)
+    monkeypatch.setattr(cascade_mod.DraftTree, "open", staticmethod(spy))
     res = gens["llama"].generate(prompt, strategy=strat, max_new_tokens=n)
     assert res.token_ids == ar_ref("llama", prompt, n)
     assert caps and min(caps) >= cascade_worst_nodes(strat)
@@ -299,15 +298,15 @@ def ort_gen(tmp_path_factory):
     build_engines(load_config(ROOT / "configs" / "tiny-random.yaml"), out, backend="onnxruntime",
                   log=lambda *a, **k: None)
     gen = load_generator(out, backend="onnxruntime")
-    assert isinstance(gen.target.engine, OrtEngine) and isinstance(gen.draft.engine, OrtEngine)
+    assert isinstance(gen.target_engine, OrtEngine) and isinstance(gen.draft_engine, OrtEngine)
     return gen
 
 
 def test_tree_strategies_onnxruntime(ort_gen, tmp_path):
     gen = ort_gen
     table = tmp_path / "bigram.npy"
-    np.save(table, np.random.default_rng(1).integers(0, gen.target.engine.spec.vocab_size,
-                                                      size=gen.target.engine.spec.vocab_size, dtype=np.int64))
+    np.save(table, np.random.default_rng(1).integers(0, gen.target_engine.spec.vocab_size,
+                                                      size=gen.target_engine.spec.vocab_size, dtype=np.int64))
     prompts = [gen.tokenizer("def fib(n):\n    return fib(n-1) + fib(n-2)\n")["input_ids"],
                gen.tokenizer("ab ab ab ab ab ab ab")["input_ids"]]
     strategies = [Staged(), Staged(budget=8, width=3, stage2=False), DySpec("heap"),

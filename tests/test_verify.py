@@ -9,8 +9,8 @@ from hypothesis import strategies as hst
 from conftest import reference_logits
 from trtspec.export.tiny import tiny_spec
 from trtspec.runtime.decode import DecodeState
-from trtspec.runtime.kv_cache import KVCache
-from trtspec.runtime.runner import ModelRunner
+from trtspec.runtime.kv_cache import KVPool
+from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import verify_greedy
@@ -144,7 +144,7 @@ def test_greedy_matches_naive_walk(case):
 def labelled_cache(length: int, scratch: int, capacity: int = 16) -> KVCache:
     """A cache whose row r holds the value r everywhere (plus a per-layer/kv offset)."""
     spec = tiny_spec(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2)
-    cache = KVCache(spec, capacity, torch.float32)
+    cache = KVPool(spec, 1, capacity, torch.float32).caches[0]
     L, _, S, H, D = cache.buf.shape
     rows = torch.arange(S, dtype=torch.float32).view(1, 1, S, 1, 1)
     offset = 1000 * torch.arange(L * 2, dtype=torch.float32).view(L, 2, 1, 1, 1)
@@ -233,20 +233,20 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     parents = [-1, 0, 1, 0, 3, 3, 5]
     tree = tree_of(tokens, parents)
 
-    runner = ModelRunner(engine, capacity=64)
-    runner.prefill(prompt[:-1])
+    runner = ModelRunner.alone(engine, 64)
+    drive(runner.prefill(prompt[:-1]))
     seq = np.zeros(64, dtype=np.int64)
     st = DecodeState(runner, None, SamplingParams(), torch.Generator().manual_seed(0), seq, 0)
     st.append(prompt)
-    out = st.verify_and_commit(tree)
+    out = drive(st.verify_and_commit(tree))
     emitted = out[0] if isinstance(out, tuple) else out      # (emitted, path) in newer versions
     assert emitted == [a, b, c]
     if isinstance(out, tuple):
         assert list(out[1]) == [0, 3, 5]
     assert runner.cache.length == len(prompt) + 2 and runner.cache.scratch == 0
 
-    ref = ModelRunner(engine, capacity=64)
-    ref.prefill(prompt + [a, b])
+    ref = ModelRunner.alone(engine, 64)
+    drive(ref.prefill(prompt + [a, b]))
     n = ref.cache.length
     assert n == runner.cache.length
     torch.testing.assert_close(runner.cache.buf[:, :, :n], ref.cache.buf[:, :, :n], rtol=1e-5, atol=1e-5)

@@ -105,7 +105,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
     from .engines.load import check_runnable, engines_for_config, load_generator, load_tokenizer, open_folder
-    from .runtime.generator import check_capacity, room_for
+    from .runtime.generator import check_capacity, decode_pieces, room_for
     from .runtime.sampling import SamplingParams
     from .runtime.strategies import make_strategy
     from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
@@ -156,10 +156,14 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
                "steps": steps, "strategy": name, "backend": gen.backend}
         click.echo(json.dumps(out))
     else:
-        for piece in gen.stream_text(ids, **kwargs):
-            click.echo(piece, nl=False)
+        handle = gen.submit(ids, **kwargs)
+        try:
+            for piece in decode_pieces(tok, handle):
+                click.echo(piece, nl=False)
+        finally:
+            handle.cancel()                      # a no-op once done; Ctrl-C frees the slot
         click.echo()
-        result = gen.last_result
+        result = handle.result()
     if show_tree:
         _render_tree(result, tree_step, tok, show_tree, name)
     if as_json:
@@ -200,6 +204,10 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
               help="Results folder. Default: out/bench/CONFIG-DATASET-TIME.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Override the config's runtime backend.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
+@click.option("--concurrency", default=None, metavar="LEVELS",
+              help="e.g. 1,2,4,8: serve the prompts with that many concurrent requests instead (closed-loop "
+                   "clients, batched steps); reports total tok/s, latency p50/p95 and TTFT per level against "
+                   "level 1 (one after another). No HF peers in this mode.")
 @user_errors
 def bench(**options) -> None:
     """Benchmark strategies and HF peers: tokens/s, speedups, acceptance, time split, ceiling.

@@ -5,6 +5,7 @@
     draft:  {model: pack:qwen2.5-coder-0.5b, dtype: bf16}      # optional
     backend: torch            # runtime default: torch | onnxruntime | tensorrt
     max_seq_len: 2048
+    slots: 4                  # requests served at once (each owns a KV slot; their steps are batched)
     threads: 2                # 0 = leave torch / ONNX Runtime defaults
     strategy: chain           # default for `trtspec run`
     strategies: {chain: {k: 4}, ngram: {k: 8}}
@@ -105,6 +106,7 @@ class Config(Strict):
     device: Literal["cpu", "cuda"] = "cpu"          # torch backend
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
     max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
+    slots: Annotated[int, Field(ge=1, le=256)] = 4     # requests served at once (KV slots, batch rows)
     threads: Annotated[int, Field(ge=0, le=1024)] = 0
     strategy: str = "ar"
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -185,7 +187,7 @@ class Config(Strict):
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
-        for k in ("device", "cuda_graphs", "buckets"):   # runtime choices, not build inputs
+        for k in ("device", "cuda_graphs", "buckets", "slots"):   # runtime choices, not build inputs
             keep.pop(k, None)
         for role in ("target", "draft"):       # quantization happens at load, not at build
             if keep.get(role):

@@ -1,12 +1,15 @@
 """Engine: the one interface every backend (torch, ONNX Runtime, TensorRT) implements.
 
-An engine runs the step contract (docs/ARCHITECTURE.md) against a KVCache it allocated:
+An engine runs the step contract (docs/ARCHITECTURE.md, version 2) for B rows at once, each row a
+request with its own KV slot:
 
-    logits = engine.step(cache, input_ids[T], position_ids[T], attn_mask[T, used+T], logit_rows[R])
+    logits[B, R, V] = engine.step_batch(caches[B], input_ids[B, T], position_ids[B, T],
+                                        attn_mask[B, T, C+T], logit_rows[B, R])
 
-It reads the past from `cache.past()`, writes the new tokens' keys/values into `cache.slots(T)`
-and advances the cache's scratch by T. The returned float32 logits [R, V] may be a view of an
-engine-owned buffer: read them before the next step.
+Row b reads the first C = attn_mask.shape[2] - T rows of `caches[b]` (rows past its `used` are
+stale and must be masked by the caller), writes its T new keys/values at `caches[b].used` and
+advances that cache by T. The returned float32 logits may be a view of an engine-owned buffer:
+read them before the next step. `step` is the one-row form of the same call.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..export.spec import ModelSpec
-from ..runtime.kv_cache import KVCache
+from ..runtime.kv_cache import KVCache, KVPool
 
 
 class Engine(ABC):
@@ -24,10 +27,24 @@ class Engine(ABC):
     kv_dtype: torch.dtype
     device: str = "cpu"
 
+    def new_pool(self, slots: int, capacity: int) -> KVPool:
+        return KVPool(self.spec, slots, capacity, self.kv_dtype, self.device)
+
     def new_cache(self, capacity: int) -> KVCache:
-        return KVCache(self.spec, capacity, self.kv_dtype, self.device)
+        """A one-slot pool's cache (tools and tests that drive one sequence)."""
+        return self.new_pool(1, capacity).caches[0]
 
     @abstractmethod
+    def step_batch(self, caches: list[KVCache], input_ids: torch.Tensor, position_ids: torch.Tensor,
+                   attn_mask: torch.Tensor, logit_rows: torch.Tensor) -> torch.Tensor:
+        ...
+
     def step(self, cache: KVCache, input_ids: torch.Tensor, position_ids: torch.Tensor,
              attn_mask: torch.Tensor, logit_rows: torch.Tensor) -> torch.Tensor:
-        ...
+        """One row: input_ids[T], position_ids[T], attn_mask[T, C+T], logit_rows[R] -> logits[R, V]."""
+        return self.step_batch([cache], input_ids[None], position_ids[None], attn_mask[None], logit_rows[None])[0]
+
+    @staticmethod
+    def check_room(caches: list[KVCache], t: int) -> None:
+        for cache in caches:
+            cache.slots(t)          # raises the cache's CapacityError with its user-facing message

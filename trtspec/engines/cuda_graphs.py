@@ -1,10 +1,10 @@
-"""GraphedTorchEngine: the torch engine with one CUDA graph per step shape.
+"""GraphedTorchEngine: the torch engine with one CUDA graph per bucketed step shape.
 
-With ModelRunner buckets, every step has one of a few shapes (T, C+T, R). For each shape, captured
-lazily on first use: static input buffers, a function that runs the Decoder over the fixed past view
-`buf[:, :, :C]` and writes the new KV rows into the cache with `index_copy_` at a static slot index
-(so the write is inside the graph too), and a static logits buffer. A step copies its inputs into
-the static buffers and replays. Graphs are per cache buffer, so target and draft never share one.
+With ModelRunner buckets every step has one of a few shapes (B, T, C+T, R). For each shape, made
+lazily on first use: a StagedBucket (static inputs, the batch's past, the new rows, the logits) and
+a function that runs the Decoder on those buffers only. A step copies its inputs and each row's
+past into the bucket, replays, and scatters the new rows into the rows' slots. Warm-up and capture
+run on the staging buffers, never on a live cache row.
 
 Where capture is impossible (no CUDA device, or an op that cannot be captured) the same function
 runs eagerly on the same static buffers and the reason is logged once: the bucket/static-buffer
@@ -14,28 +14,16 @@ exercised in this repository's CI (no GPU).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ..export.model import Decoder
 from ..runtime.kv_cache import KVCache
+from .staging import StagedBucket
 from .torch_engine import TorchEngine
 
 log = logging.getLogger("trtspec.graphs")
-
-
-@dataclass
-class StepGraph:
-    ids: torch.Tensor
-    pos: torch.Tensor
-    mask: torch.Tensor
-    rows: torch.Tensor
-    slot: torch.Tensor           # cache rows the new KV goes to (used .. used+T)
-    logits: torch.Tensor
-    run: Callable[[], None] = field(default=lambda: None)
-    replays: int = 0
 
 
 class GraphedTorchEngine(TorchEngine):
@@ -44,48 +32,40 @@ class GraphedTorchEngine(TorchEngine):
     def __init__(self, model: Decoder, device: str = "cuda", warmup: int = 2):
         super().__init__(model, device)
         self.warmup = warmup
-        self.graphs: dict[tuple, StepGraph] = {}
+        self.graphs: dict[tuple, StagedBucket] = {}
+        self.replays = 0
         self.fallback_reason: str | None = None
         if not (str(device).startswith("cuda") and torch.cuda.is_available()):
             self.fallback_reason = "CUDA graphs need a CUDA device; steps run eagerly on static buffers"
             log.info(self.fallback_reason)
 
     @torch.inference_mode()
-    def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
-        t, r = input_ids.shape[0], logit_rows.shape[0]
-        key = (cache.buf.data_ptr(), t, attn_mask.shape[1], r)
-        g = self.graphs.get(key) or self._make(key, cache, t, attn_mask.shape[1], r)
-        cache.slots(t)                                   # capacity check with the cache's message
-        g.ids.copy_(input_ids)
-        g.pos.copy_(position_ids)
-        g.mask.copy_(attn_mask)
-        g.rows.copy_(logit_rows)
-        torch.arange(cache.used, cache.used + t, out=g.slot)
-        g.run()
-        g.replays += 1
-        cache.advance(t)
+    def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
+        (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
+        key = (b, t, total, r)
+        g = self.graphs.get(key) or self._make(key)
+        self.check_room(caches, t)
+        g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
+        g.graph()
+        g.runs += 1
+        self.replays += 1
+        g.scatter_new_kv(caches)
+        for cache in caches:
+            cache.advance(t)
         return g.logits
 
-    def _make(self, key: tuple, cache: KVCache, t: int, total: int, r: int) -> StepGraph:
-        dev = cache.buf.device
-        g = StepGraph(ids=torch.zeros(t, dtype=torch.int64, device=dev),
-                      pos=torch.zeros(t, dtype=torch.int64, device=dev),
-                      mask=torch.zeros(t, total, dtype=torch.bool, device=dev),
-                      rows=torch.zeros(r, dtype=torch.int64, device=dev),
-                      slot=torch.zeros(t, dtype=torch.int64, device=dev),
-                      logits=torch.zeros(r, self.spec.vocab_size, dtype=torch.float32, device=dev))
-        past = cache.past(total - t)                     # fixed views: fixed addresses for the graph
-        layers = [(l, j) for l in range(self.spec.num_layers) for j in (0, 1)]
+    def _make(self, key: tuple) -> StagedBucket:
+        b, t, total, r = key
+        g = StagedBucket.make(self.spec, self.kv_dtype, self.device, b, t, total, r)
+        x = g.inputs
 
         def body() -> None:
-            logits, new_kv = self.model(g.ids, g.pos, g.mask, g.rows, past)
-            for (l, j), x in zip(layers, new_kv):
-                cache.buf[l, j].index_copy_(0, g.slot, x)
+            logits, new_kv = self.model(x["input_ids"], x["position_ids"], x["attn_mask"], x["logit_rows"],
+                                        list(g.past))
+            torch.stack(new_kv, out=g.new_kv)
             g.logits.copy_(logits)
 
-        g.run = body
-        if self.fallback_reason is None:
-            g.run = self._capture(body, key)
+        g.graph = body if self.fallback_reason is not None else self._capture(body, key)
         self.graphs[key] = g
         return g
 
@@ -103,5 +83,5 @@ class GraphedTorchEngine(TorchEngine):
             return graph.replay
         except Exception as e:                           # an op that cannot be captured
             log.warning("CUDA graph capture failed for step shape %s (%s: %s); running eagerly",
-                        key[1:], type(e).__name__, e)
+                        key, type(e).__name__, e)
             return body

@@ -6,7 +6,7 @@ output bound through IOBinding to device memory whose address and shape never ch
 `enable_cuda_graph` in the provider options, and the run option `gpu_graph_id` choosing the graph
 (one id per bucketed step shape; 0 is reserved, so ids start at 1). The first run with a new id
 captures; later runs replay. New keys/values go to staging buffers (StagedBucket) and are scattered
-into the cache after each run, since the slot they belong to moves every step.
+into the rows' slots after each run (the slots and rows move every step); the past is staged too.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
 from .base import Engine
-from .staging import StagedBucket
+from .staging import StagedBucket, after_inputs
 
 _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
          torch.bfloat16: onnx.TensorProto.BFLOAT16, torch.int64: onnx.TensorProto.INT64,
@@ -38,33 +38,34 @@ class OrtCudaGraphEngine(Engine):
         self.in_names, self.out_names = io_names(spec.num_layers)
         self.buckets: dict[tuple, tuple[StagedBucket, object, object]] = {}
 
-    def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
-        t, total, r = input_ids.shape[0], attn_mask.shape[1], logit_rows.shape[0]
-        cache.slots(t)
-        key = (cache.buf.data_ptr(), t, total, r)
+    def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
+        (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
+        self.check_room(caches, t)
+        key = (b, t, total, r)
         if key not in self.buckets:
-            self.buckets[key] = self._bucket(cache, t, total, r, graph_id=len(self.buckets) + 1)
-        b, io, run_options = self.buckets[key]
-        b.load(cache, input_ids, position_ids, attn_mask, logit_rows)
-        torch.cuda.current_stream().synchronize()   # the input copies land before ORT's stream reads them
+            self.buckets[key] = self._bucket(b, t, total, r, graph_id=len(self.buckets) + 1)
+        g, io, run_options = self.buckets[key]
+        g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
+        after_inputs()                               # ORT's own stream must see the copies
         self.session.run_with_iobinding(io, run_options)
-        b.scatter_new_kv(cache)
-        cache.advance(t)
-        return b.logits
+        g.scatter_new_kv(caches)
+        for cache in caches:
+            cache.advance(t)
+        return g.logits
 
-    def _bucket(self, cache: KVCache, t: int, total: int, r: int, graph_id: int):
-        b = StagedBucket.make(self.spec, self.kv_dtype, cache.buf.device, t, total, r)
+    def _bucket(self, b: int, t: int, total: int, r: int, graph_id: int):
+        g = StagedBucket.make(self.spec, self.kv_dtype, "cuda", b, t, total, r)
         io = self.session.io_binding()
 
         def bind(fn, name: str, x: torch.Tensor) -> None:
             fn(name, "cuda", self.device_id, _ELEM[x.dtype], tuple(x.shape), x.data_ptr())
 
-        for name, x in b.inputs.items():
+        for name, x in g.inputs.items():
             bind(io.bind_input, name, x)
-        for n, past in enumerate(cache.past(total - t)):
-            bind(io.bind_input, self.in_names[4 + n], past)
-            bind(io.bind_output, self.out_names[1 + n], b.new_kv[n])
-        bind(io.bind_output, "logits", b.logits)
+        for k in range(2 * self.spec.num_layers):
+            bind(io.bind_input, self.in_names[4 + k], g.past[k])
+            bind(io.bind_output, self.out_names[1 + k], g.new_kv[k])
+        bind(io.bind_output, "logits", g.logits)
         run_options = self.ort.RunOptions()
         run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
-        return b, io, run_options
+        return g, io, run_options

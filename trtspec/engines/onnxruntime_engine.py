@@ -1,9 +1,11 @@
-"""OrtEngine: the step contract run by ONNX Runtime, bound straight onto the KVCache buffer.
+"""OrtEngine: the step contract run by ONNX Runtime, bound by pointer onto the KV pool.
 
-Every step binds by pointer (IOBinding): the past as the contiguous block `buf[l, j, :used]`, the
-new keys/values as *outputs* on `buf[l, j, used:used+T]` so ORT writes them into the cache itself,
-the logits into one engine-owned float32 buffer, and the caller's small int/bool tensors as they
-are. No per-step numpy/torch copies; one IOBinding is reused and rebound (shapes change each step).
+Every step binds by pointer (IOBinding). One row: the past as the contiguous block
+`buf[l, j, slot, :used]` and the new keys/values as *outputs* on `buf[l, j, slot, used:used+T]`, so
+ORT writes them into the slot itself. B > 1 rows: each row's past is copied into one contiguous
+block per layer and the new rows are copied back into the slots (BatchStaging). The logits go into
+one engine-owned float32 buffer, the caller's small int/bool tensors are bound as they are. One
+IOBinding is reused and rebound (shapes change each step).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 
 from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec, SpecError
-from ..runtime.kv_cache import KVCache
+from ..runtime.kv_cache import BatchStaging, KVCache
 from .base import Engine
 
 _ONNX_TO_TORCH = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
@@ -57,21 +59,24 @@ class OrtEngine(Engine):
         if got != (self.in_names, self.out_names):
             raise SpecError(f"{onnx_path} does not have the step interface of a {spec.num_layers}-layer model")
         self.io = self.session.io_binding()
-        self._logits = torch.empty(max_logit_rows, spec.vocab_size, dtype=torch.float32, device=self.device)
+        self._logits = torch.empty(max_logit_rows * spec.vocab_size, dtype=torch.float32, device=self.device)
+        self.staging = BatchStaging(spec, self.kv_dtype, self.device)
 
-    def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
-        t, r, used = input_ids.shape[0], logit_rows.shape[0], cache.used
-        if attn_mask.shape[1] != used + t:
-            # Padding the past would bind outputs inside the past's block; T-buckets are fine.
+    def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
+        (b, t), r = input_ids.shape, logit_rows.shape[1]
+        c = attn_mask.shape[2] - t
+        if b == 1 and c != caches[0].used:
+            # One row binds its slot in place: a padded past would overlap the rows it writes.
             raise ValueError("the ONNX Runtime engine takes token buckets only, not cache-length buckets")
-        if used + t > cache.capacity:
-            cache.slots(t)  # raises the cache's CapacityError with its user-facing message
-        buf = cache.buf
-        if buf.dtype != self.kv_dtype or buf.device.type != self.device or not buf.is_contiguous():
-            raise ValueError(f"cache must be a contiguous {self.kv_dtype} buffer on {self.device}; "
-                             "make it with engine.new_cache()")
-        if r > self._logits.shape[0]:  # grow once to the new maximum; steady state never allocates
-            self._logits = torch.empty(r, self.spec.vocab_size, dtype=torch.float32, device=self.device)
+        self.check_room(caches, t)
+        buf = caches[0].buf
+        if buf.dtype != self.kv_dtype or buf.device.type != self.device or buf.stride(2) != buf[0, 0, 0].numel():
+            raise ValueError(f"cache must be a slot of a {self.kv_dtype} pool on {self.device}; "
+                             "make it with engine.new_pool()")
+        n = b * r * self.spec.vocab_size
+        if n > self._logits.numel():     # grow once to the new maximum; steady state never allocates
+            self._logits = torch.empty(n, dtype=torch.float32, device=self.device)
+        logits = self._logits[:n].view(b, r, self.spec.vocab_size)
         dev, idx = self.device, buf.device.index or 0
         io = self.io
 
@@ -82,20 +87,31 @@ class OrtEngine(Engine):
             small.append(x)
             io.bind_input(name, dev, idx, _TORCH_TO_ONNX[dtype], tuple(x.shape), x.data_ptr())
 
-        # buf[L, 2, S, Hkv, D] is contiguous, so buf[l, j, row] sits at a fixed stride: compute the
-        # pointers instead of making 4L tensor views per step. A zero-row past (C=0) still gets a
-        # valid in-buffer pointer, which ORT accepts for an empty tensor.
         elem = _TORCH_TO_ONNX[self.kv_dtype]
-        row = buf.stride(2) * buf.element_size()
-        base, block = buf.data_ptr(), buf.stride(1) * buf.element_size()
         hkv, d = self.spec.num_kv_heads, self.spec.head_dim
-        for n in range(2 * self.spec.num_layers):  # n = 2*layer + (0: key, 1: value), as in buf[:, :]
-            start = base + n * block
-            io.bind_input(self.in_names[4 + n], dev, idx, elem, (used, hkv, d), start)
-            io.bind_output(self.out_names[1 + n], dev, idx, elem, (t, hkv, d), start + used * row)
-        logits = self._logits[:r]
-        io.bind_output("logits", dev, idx, onnx.TensorProto.FLOAT, (r, self.spec.vocab_size), logits.data_ptr())
+        if b == 1:
+            # The slot's [l, j] blocks sit at a fixed stride: compute the pointers instead of making
+            # 4L tensor views per step. The past is bound in place and ORT writes the new rows into
+            # the slot itself. A zero-row past (C=0) still gets a valid in-buffer pointer.
+            used = caches[0].used
+            row = buf.stride(2) * buf.element_size()
+            base, block = buf.data_ptr(), buf.stride(1) * buf.element_size()
+            for k in range(2 * self.spec.num_layers):  # k = 2*layer + (0: key, 1: value)
+                start = base + k * block
+                io.bind_input(self.in_names[4 + k], dev, idx, elem, (1, used, hkv, d), start)
+                io.bind_output(self.out_names[1 + k], dev, idx, elem, (1, t, hkv, d), start + used * row)
+        else:
+            # Rows live in separate slots: their pasts are copied into one contiguous [B, C] block
+            # per layer and the new rows are scattered back after the run (BatchStaging).
+            past, new = self.staging.past(caches, c), self.staging.new(b, t)
+            for k in range(2 * self.spec.num_layers):
+                io.bind_input(self.in_names[4 + k], dev, idx, elem, (b, c, hkv, d), past[k].data_ptr())
+                io.bind_output(self.out_names[1 + k], dev, idx, elem, (b, t, hkv, d), new[k].data_ptr())
+        io.bind_output("logits", dev, idx, onnx.TensorProto.FLOAT, tuple(logits.shape), logits.data_ptr())
 
         self.session.run_with_iobinding(io)
-        cache.advance(t)
+        if b > 1:
+            self.staging.scatter(caches, new)
+        for cache in caches:
+            cache.advance(t)
         return logits

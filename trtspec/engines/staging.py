@@ -1,9 +1,14 @@
 """StagedBucket: fixed-address buffers for one bucketed step shape, shared by the graph backends.
 
-A captured graph (TensorRT + CUDA graphs, ONNX Runtime `enable_cuda_graph`) replays with the
-addresses it was captured with. The past is bound to `buf[l, j, :C]` (fixed for a cache-length
-bucket), but a step's new rows land at `used`, which moves; so the graph writes new keys/values into
-staging buffers here, and `scatter_new_kv` copies them into the cache slots after each replay.
+A captured graph (torch CUDA graphs, TensorRT + CUDA graphs, ONNX Runtime `enable_cuda_graph`)
+replays with the addresses it was captured with. A batch's rows live in pool slots that change from
+step to step, and a step's new rows land at each row's `used`, which moves; so the graph reads the
+past from, and writes the new keys/values into, staging buffers here: `load` copies the inputs and
+each row's past in, `scatter_new_kv` copies the new rows out into the slots after each replay. The
+graph never touches a live cache row, so warm-up and capture cannot corrupt one.
+
+Ordering: the copies are queued on the current stream; an engine that runs on another stream (or
+inside ONNX Runtime) calls `after_inputs(stream)` first, the one policy for all graph engines.
 """
 from __future__ import annotations
 
@@ -14,32 +19,49 @@ import torch
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
 
+INPUTS = ("input_ids", "position_ids", "attn_mask", "logit_rows")
+
 
 @dataclass
 class StagedBucket:
     inputs: dict[str, torch.Tensor]
-    new_kv: list[torch.Tensor]
-    logits: torch.Tensor
-    slot: torch.Tensor
+    past: torch.Tensor           # [2L, B, C, Hkv, D]
+    new_kv: torch.Tensor         # [2L, B, T, Hkv, D]
+    logits: torch.Tensor         # [B, R, V]
     runs: int = 0
     graph: object | None = None
 
     @classmethod
-    def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, t: int, total: int, r: int) -> "StagedBucket":
+    def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, b: int, t: int, total: int, r: int
+             ) -> "StagedBucket":
         z = lambda *shape, dtype=torch.int64: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        return cls(inputs={"input_ids": z(t), "position_ids": z(t), "attn_mask": z(t, total, dtype=torch.bool),
-                           "logit_rows": z(r)},
-                   new_kv=[z(t, spec.num_kv_heads, spec.head_dim, dtype=kv_dtype) for _ in range(2 * spec.num_layers)],
-                   logits=z(r, spec.vocab_size, dtype=torch.float32),
-                   slot=z(t))
+        kv = (spec.num_kv_heads, spec.head_dim)
+        return cls(inputs={"input_ids": z(b, t), "position_ids": z(b, t),
+                           "attn_mask": z(b, t, total, dtype=torch.bool), "logit_rows": z(b, r)},
+                   past=z(2 * spec.num_layers, b, total - t, *kv, dtype=kv_dtype),
+                   new_kv=z(2 * spec.num_layers, b, t, *kv, dtype=kv_dtype),
+                   logits=z(b, r, spec.vocab_size, dtype=torch.float32))
 
-    def load(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> None:
-        for name, x in zip(("input_ids", "position_ids", "attn_mask", "logit_rows"),
-                           (input_ids, position_ids, attn_mask, logit_rows)):
+    def load(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> None:
+        for name, x in zip(INPUTS, (input_ids, position_ids, attn_mask, logit_rows)):
             self.inputs[name].copy_(x, non_blocking=True)
-        t = self.slot.shape[0]
-        torch.arange(cache.used, cache.used + t, out=self.slot)
+        c = self.past.shape[2]
+        for b, cache in enumerate(caches):
+            self.past[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1), non_blocking=True)
 
-    def scatter_new_kv(self, cache: KVCache) -> None:
-        for n, x in enumerate(self.new_kv):
-            cache.buf[n // 2, n % 2].index_copy_(0, self.slot, x)
+    def scatter_new_kv(self, caches: list[KVCache]) -> None:
+        t = self.new_kv.shape[2]
+        for b, cache in enumerate(caches):
+            u = cache.used
+            cache.buf[:, :, u:u + t].copy_(self.new_kv[:, b].unflatten(0, (cache.spec.num_layers, 2)))
+
+
+def after_inputs(stream: "torch.cuda.Stream | None" = None) -> None:
+    """Order a graph's work after the input copies queued on the current stream: `stream` waits on
+    it (no host sync), or, for a runtime with streams of its own (ONNX Runtime), the host waits."""
+    if not torch.cuda.is_available():
+        return
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())
+    else:
+        torch.cuda.current_stream().synchronize()

@@ -29,7 +29,7 @@ def tensorrt_unavailable_reason() -> str | None:
 
 
 def build_plan(onnx_path: Path, plan_path: Path, spec: ModelSpec, max_seq_len: int,
-               prefill_chunk: int, max_step_tokens: int) -> Path:
+               prefill_chunk: int, max_step_tokens: int, max_batch: int = 8) -> Path:
     import tensorrt as trt
 
     logger = trt.Logger(trt.Logger.WARNING)
@@ -44,21 +44,23 @@ def build_plan(onnx_path: Path, plan_path: Path, spec: ModelSpec, max_seq_len: i
         raise RuntimeError(f"TensorRT could not parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
 
-    def profile(t_min: int, t_opt: int, t_max: int):
+    def profile(t_min: int, t_opt: int, t_max: int, b_max: int):
         p = builder.create_optimization_profile()
         c_max = max_seq_len - t_min
-        p.set_shape("input_ids", (t_min,), (t_opt,), (t_max,))
-        p.set_shape("position_ids", (t_min,), (t_opt,), (t_max,))
-        p.set_shape("attn_mask", (t_min, t_min), (t_opt, t_opt + max_seq_len // 2), (t_max, max_seq_len))
-        p.set_shape("logit_rows", (1,), (t_opt,), (t_max,))
+        b_opt = max(1, b_max // 2)
+        p.set_shape("input_ids", (1, t_min), (b_opt, t_opt), (b_max, t_max))
+        p.set_shape("position_ids", (1, t_min), (b_opt, t_opt), (b_max, t_max))
+        p.set_shape("attn_mask", (1, t_min, t_min), (b_opt, t_opt, t_opt + max_seq_len // 2),
+                    (b_max, t_max, max_seq_len))
+        p.set_shape("logit_rows", (1, 1), (b_opt, t_opt), (b_max, t_max))
         for i in range(spec.num_layers):
             for kind in ("key", "value"):
                 kv = (spec.num_kv_heads, spec.head_dim)
-                p.set_shape(f"past_{kind}.{i}", (0, *kv), (max_seq_len // 2, *kv), (c_max, *kv))
+                p.set_shape(f"past_{kind}.{i}", (1, 0, *kv), (b_opt, max_seq_len // 2, *kv), (b_max, c_max, *kv))
         return p
 
-    config.add_optimization_profile(profile(1, min(prefill_chunk, 128), prefill_chunk))   # 0: prefill
-    config.add_optimization_profile(profile(1, 8, max_step_tokens))                       # 1: decode/verify
+    config.add_optimization_profile(profile(1, min(prefill_chunk, 128), prefill_chunk, 1))   # 0: prefill
+    config.add_optimization_profile(profile(1, 8, max_step_tokens, max_batch))               # 1: decode/verify
     blob = builder.build_serialized_network(network, config)
     if blob is None:
         raise RuntimeError(f"TensorRT failed to build a plan from {onnx_path} (see the log above)")

@@ -4,12 +4,11 @@ NOT EXERCISED IN CI, NOR ANYWHERE YET: TensorRT cannot be installed where trtspe
 no GPU was available. Written against the documented API (Runtime.deserialize_cuda_engine,
 IExecutionContext.set_input_shape / set_tensor_address / execute_async_v3), imported lazily.
 
-It is a thin adapter over the shared machinery: the same KVCache buffer, the same bucketed shapes
-from ModelRunner. For one CUDA graph per bucket every bound address must be fixed, so:
-  * the past binds `buf[l, j, :C]` (fixed base address; C fixed per cache-length bucket),
-  * the new keys/values go to staging buffers owned per bucket, then `index_copy_` into the cache
-    slots (a small device copy, the only part outside the graph),
-  * inputs are copied into per-bucket static buffers; logits come out of a per-bucket buffer.
+It is a thin adapter over the shared machinery: the same KV pool, the same bucketed shapes from
+ModelRunner, the same StagedBucket as the other graph engines. For one CUDA graph per bucket
+(B, T, C+T, R) every bound address must be fixed, so inputs and each row's past are copied into
+per-bucket static buffers, and the new keys/values come out of one and are copied into the rows'
+slots (device copies outside the graph); logits come out of a per-bucket buffer.
 A bucket's first step runs `execute_async_v3` once (TensorRT may do shape work on the host), then
 the second is captured on the engine's stream and replayed afterwards (Edge-LLM does the same).
 """
@@ -22,7 +21,7 @@ import torch
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
 from .base import Engine
-from .staging import StagedBucket
+from .staging import StagedBucket, after_inputs
 
 PREFILL_PROFILE, STEP_PROFILE = 0, 1        # as built by tensorrt_build.build_plan
 
@@ -50,40 +49,42 @@ class TrtEngine(Engine):
         self.cuda_graphs, self.max_step_tokens = cuda_graphs, max_step_tokens
         self.buckets: dict[tuple, StagedBucket] = {}
 
-    def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
-        t, total, r = input_ids.shape[0], attn_mask.shape[1], logit_rows.shape[0]
-        cache.slots(t)                                           # capacity check
-        key = (cache.buf.data_ptr(), t, total, r)
-        b = self.buckets.get(key)
-        if b is None:
-            b = self.buckets[key] = StagedBucket.make(self.spec, self.kv_dtype, cache.buf.device, t, total, r)
-        b.load(cache, input_ids, position_ids, attn_mask, logit_rows)
+    def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
+        (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
+        self.check_room(caches, t)
+        key = (b, t, total, r)
+        g = self.buckets.get(key)
+        if g is None:
+            g = self.buckets[key] = StagedBucket.make(self.spec, self.kv_dtype, "cuda", b, t, total, r)
+        g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
+        after_inputs(self.stream)                                # enqueue after the copies above
         with torch.cuda.stream(self.stream):
-            if b.graph is not None:
-                b.graph.replay()
+            if g.graph is not None:
+                g.graph.replay()
             else:
                 ctx = self.contexts[PREFILL_PROFILE if t > self.max_step_tokens else STEP_PROFILE]
-                self._bind(ctx, b, cache, t, total)              # buckets share a profile's context
+                self._bind(ctx, g)                               # buckets share a profile's context
                 if not ctx.execute_async_v3(self.stream.cuda_stream):
-                    raise RuntimeError(f"TensorRT execute_async_v3 failed for step shape T={t}, C+T={total}")
-                b.runs += 1
-                if self.cuda_graphs and b.runs == 1:             # warm-up done: capture the next one
-                    b.graph = self._capture(ctx)
-            b.scatter_new_kv(cache)
+                    raise RuntimeError(f"TensorRT execute_async_v3 failed for step shape B={b}, T={t}, C+T={total}")
+                g.runs += 1
+                if self.cuda_graphs and g.runs == 1:             # warm-up done: capture the next one
+                    g.graph = self._capture(ctx)
         torch.cuda.current_stream().wait_stream(self.stream)
-        cache.advance(t)
-        return b.logits
+        g.scatter_new_kv(caches)
+        for cache in caches:
+            cache.advance(t)
+        return g.logits
 
-    def _bind(self, ctx, b: StagedBucket, cache: KVCache, t: int, total: int) -> None:
-        for name, x in b.inputs.items():
+    def _bind(self, ctx, g: StagedBucket) -> None:
+        for name, x in g.inputs.items():
             ctx.set_input_shape(name, tuple(x.shape))
             ctx.set_tensor_address(name, x.data_ptr())
-        for n, past in enumerate(cache.past(total - t)):
-            kind, layer = ("key", "value")[n % 2], n // 2
-            ctx.set_input_shape(f"past_{kind}.{layer}", tuple(past.shape))
-            ctx.set_tensor_address(f"past_{kind}.{layer}", past.data_ptr())
-            ctx.set_tensor_address(f"new_{kind}.{layer}", b.new_kv[n].data_ptr())
-        ctx.set_tensor_address("logits", b.logits.data_ptr())
+        for k in range(2 * self.spec.num_layers):
+            kind, layer = ("key", "value")[k % 2], k // 2
+            ctx.set_input_shape(f"past_{kind}.{layer}", tuple(g.past[k].shape))
+            ctx.set_tensor_address(f"past_{kind}.{layer}", g.past[k].data_ptr())
+            ctx.set_tensor_address(f"new_{kind}.{layer}", g.new_kv[k].data_ptr())
+        ctx.set_tensor_address("logits", g.logits.data_ptr())
 
     def _capture(self, ctx):
         graph = torch.cuda.CUDAGraph()

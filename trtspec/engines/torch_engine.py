@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..export.model import Decoder
-from ..runtime.kv_cache import KVCache
+from ..runtime.kv_cache import BatchStaging, KVCache
 from .base import Engine
 
 
@@ -16,14 +16,20 @@ class TorchEngine(Engine):
         self.spec = model.spec
         self.kv_dtype = model.model.embed_tokens.weight.dtype   # int8 drafts keep float embeddings
         self.device = device
+        self.staging = BatchStaging(self.spec, self.kv_dtype, device)
 
     @torch.inference_mode()
-    def step(self, cache: KVCache, input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
-        t = input_ids.shape[0]
-        slots = cache.slots(t)
-        past = cache.past(attn_mask.shape[1] - t)   # = used, or a padded cache-length bucket
+    def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
+        b, t = input_ids.shape
+        c = attn_mask.shape[2] - t            # = used, or a padded length (cache bucket, batch)
+        self.check_room(caches, t)
+        if b == 1:                            # read the past where it lies
+            past = [p.unsqueeze(0) for p in caches[0].past(c)]
+        else:
+            past = list(self.staging.past(caches, c))
         logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
-        for dst, src in zip(slots, new_kv):
-            dst.copy_(src)
-        cache.advance(t)
+        for i, cache in enumerate(caches):
+            for dst, src in zip(cache.slots(t), new_kv):
+                dst.copy_(src[i])
+            cache.advance(t)
         return logits

@@ -1,12 +1,13 @@
-"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract.
+"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract (v2).
 
-    forward(input_ids[T], position_ids[T], attn_mask[T, C+T], logit_rows[R], past[2L x (C, Hkv, D)])
-        -> logits[R, V] (float32), new_kv[2L x (T, Hkv, D)]
+    forward(input_ids[B, T], position_ids[B, T], attn_mask[B, T, C+T], logit_rows[B, R],
+            past[2L x (B, C, Hkv, D)]) -> logits[B, R, V] (float32), new_kv[2L x (B, T, Hkv, D)]
 
 The same call is a prefill chunk (causal mask), a one-token decode (T=1), a draft expansion of a
-frontier, or the verification of a whole token tree: the caller encodes the structure in the mask
-and in depth-based position ids. Only `logit_rows` reach the LM head, because a 150k-token vocabulary
-makes logits for every row the largest tensor of the step. The module names follow Hugging Face so
+frontier, or the verification of a whole token tree, for B requests at once: the caller encodes
+each row's structure in its mask and depth-based position ids (rows never see each other; padding
+is masked). Only `logit_rows` reach the LM head, because a 150k-token vocabulary makes logits for
+every row the largest tensor of the step. The module names follow Hugging Face so
 HF state dicts load unchanged. Written with plain matmul/softmax so ONNX export uses standard ops.
 """
 from __future__ import annotations
@@ -73,24 +74,24 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, mask_add, past_k, past_v):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.h, self.d)
-        k = self.k_proj(x).view(t, self.kv, self.d)
-        v = self.v_proj(x).view(t, self.kv, self.d)
+        b, t = x.shape[0], x.shape[1]
+        q = self.q_proj(x).view(b, t, self.h, self.d)
+        k = self.k_proj(x).view(b, t, self.kv, self.d)
+        v = self.v_proj(x).view(b, t, self.kv, self.d)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        keys = torch.cat([past_k, k], 0)          # [C+T, Hkv, D]
-        values = torch.cat([past_v, v], 0)
-        # Grouped-query attention by broadcasting: q as [Hkv, G, T, D] against k as [Hkv, 1, S, D],
-        # so repeated KV heads are never materialised.
+        keys = torch.cat([past_k, k], 1)          # [B, C+T, Hkv, D]: a copy of the past (see ARCHITECTURE)
+        values = torch.cat([past_v, v], 1)
+        # Grouped-query attention by broadcasting: q as [B, Hkv, G, T, D] against k as
+        # [B, Hkv, 1, S, D], so repeated KV heads are never materialised.
         g = self.h // self.kv
-        qg = q.view(t, self.kv, g, self.d).permute(1, 2, 0, 3)
-        kg = keys.permute(1, 0, 2).unsqueeze(1)
-        vg = values.permute(1, 0, 2).unsqueeze(1)
+        qg = q.view(b, t, self.kv, g, self.d).permute(0, 2, 3, 1, 4)
+        kg = keys.permute(0, 2, 1, 3).unsqueeze(2)
+        vg = values.permute(0, 2, 1, 3).unsqueeze(2)
         scores = torch.matmul(qg, kg.transpose(-1, -2)).float() * (1.0 / math.sqrt(self.d)) + mask_add
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
-        out = torch.matmul(probs, vg)              # [Hkv, G, T, D]
-        out = out.permute(2, 0, 1, 3).reshape(t, self.h * self.d)
+        out = torch.matmul(probs, vg)              # [B, Hkv, G, T, D]
+        out = out.permute(0, 3, 1, 2, 4).reshape(b, t, self.h * self.d)
         return self.o_proj(out), k, v
 
 
@@ -135,19 +136,21 @@ class Decoder(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
 
     def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor]):
-        x = self.model.embed_tokens(input_ids)                        # [T, hidden]
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [T, D/2], fp32 like HF
-        emb = torch.cat([freqs, freqs], -1).unsqueeze(1)              # [T, 1, D]
+        x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, D/2], fp32 like HF
+        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, D]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        # Additive mask in fp32; a large finite negative keeps fully masked (padding) rows finite.
-        mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)
+        # Additive mask in fp32, [B, 1, 1, T, C+T]; a large finite negative keeps fully masked
+        # (padding) rows finite.
+        mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)[:, None, None]
         new_kv: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask_add, past[2 * i], past[2 * i + 1])
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             new_kv += [k, v]
-        x = self.model.norm(x.index_select(0, logit_rows))
+        rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
+        x = self.model.norm(torch.gather(x, 1, rows))
         return self.lm_head(x).float(), new_kv
 
     @classmethod

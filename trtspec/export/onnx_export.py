@@ -2,10 +2,10 @@
 
 Graph interface (names are the contract every engine binds by):
 
-    inputs   input_ids int64 [new_tokens]          position_ids int64 [new_tokens]
-             attn_mask bool [new_tokens, total_len] (total_len = past_len + new_tokens)
-             logit_rows int64 [logit_rows]          past_key.{i} / past_value.{i} [past_len, Hkv, D]
-    outputs  logits float32 [logit_rows, V]         new_key.{i} / new_value.{i} [new_tokens, Hkv, D]
+    inputs   input_ids int64 [batch, new_tokens]   position_ids int64 [batch, new_tokens]
+             attn_mask bool [batch, new_tokens, total_len] (total_len = past_len + new_tokens)
+             logit_rows int64 [batch, logit_rows]  past_key.{i} / past_value.{i} [batch, past_len, Hkv, D]
+    outputs  logits float32 [batch, logit_rows, V] new_key.{i} / new_value.{i} [batch, new_tokens, Hkv, D]
 
 KV tensors are in the model dtype (fp32 / fp16 / bf16). The exporter is torch.export-based
 (`dynamo=True`, the default since torch 2.9): it sees symbolic shapes rather than tracing sizes,
@@ -58,22 +58,22 @@ class _Step(nn.Module):
 
 
 def _sample_inputs(model: Decoder, dtype: torch.dtype):
-    # Sizes >= 2 and pairwise distinct, so torch.export neither specialises a dim to 0/1 nor
-    # unifies two dims that merely happen to be equal in the example.
-    s, t, c = model.spec, 3, 5
-    return (torch.arange(t), torch.arange(c, c + t),
-            torch.ones(t, c + t, dtype=torch.bool).tril(c), torch.tensor([0, t - 1]),
-            *[torch.zeros(c, s.num_kv_heads, s.head_dim, dtype=dtype) for _ in range(2 * s.num_layers)])
+    # Sizes >= 2 and pairwise distinct (B=2, T=3, C=5, R=4), so torch.export neither specialises a
+    # dim to 0/1 nor unifies two dims that merely happen to be equal in the example.
+    s, b, t, c = model.spec, 2, 3, 5
+    return (torch.arange(t).repeat(b, 1), torch.arange(c, c + t).repeat(b, 1),
+            torch.ones(b, t, c + t, dtype=torch.bool).tril(c), torch.tensor([[0, 1, 2, 2]] * b),
+            *[torch.zeros(b, c, s.num_kv_heads, s.head_dim, dtype=dtype) for _ in range(2 * s.num_layers)])
 
 
 def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) -> None:
     n_past = len(args) - 4
     Dim = torch.export.Dim
-    new, past, rows = Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
-    shapes = {"input_ids": {0: new}, "position_ids": {0: new},
+    batch, new, past, rows = Dim("batch"), Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
+    shapes = {"input_ids": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               # past_len + new_tokens is not expressible as a derived Dim; AUTO lets export find it.
-              "attn_mask": {0: new, 1: Dim.AUTO},
-              "logit_rows": {0: rows}, "past": tuple({0: past} for _ in range(n_past))}
+              "attn_mask": {0: batch, 1: new, 2: Dim.AUTO},
+              "logit_rows": {0: batch, 1: rows}, "past": tuple({0: batch, 1: past} for _ in range(n_past))}
     inputs, outputs = io_names(n_past // 2)
     program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                 input_names=inputs, output_names=outputs, verbose=False)
@@ -82,11 +82,11 @@ def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) ->
 
 def _export_torchscript(step: _Step, args, path: Path, opset: int, external: bool) -> None:
     inputs, outputs = io_names((len(args) - 4) // 2)
-    axes = {"input_ids": {0: "new_tokens"}, "position_ids": {0: "new_tokens"},
-            "attn_mask": {0: "new_tokens", 1: "total_len"}, "logit_rows": {0: "logit_rows"},
-            "logits": {0: "logit_rows"}}
-    axes.update({n: {0: "past_len"} for n in inputs[4:]})
-    axes.update({n: {0: "new_tokens"} for n in outputs[1:]})
+    axes = {"input_ids": {0: "batch", 1: "new_tokens"}, "position_ids": {0: "batch", 1: "new_tokens"},
+            "attn_mask": {0: "batch", 1: "new_tokens", 2: "total_len"}, "logit_rows": {0: "batch", 1: "logit_rows"},
+            "logits": {0: "batch", 1: "logit_rows"}}
+    axes.update({n: {0: "batch", 1: "past_len"} for n in inputs[4:]})
+    axes.update({n: {0: "batch", 1: "new_tokens"} for n in outputs[1:]})
     torch.onnx.export(step, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
                       output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
     if external:  # the legacy exporter inlines weights up to 2 GB; move them out like the dynamo path
@@ -101,12 +101,12 @@ def _fix_interface(path: Path, model: Decoder, dtype: torch.dtype) -> None:
     proto = onnx.load(str(path), load_external_data=False)
     kv = _TORCH_TO_ONNX[dtype]
     i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
-    want = {"input_ids": (i64, ["new_tokens"]), "position_ids": (i64, ["new_tokens"]),
-            "attn_mask": (b, ["new_tokens", "total_len"]), "logit_rows": (i64, ["logit_rows"]),
-            "logits": (onnx.TensorProto.FLOAT, ["logit_rows", s.vocab_size])}
+    want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
+            "attn_mask": (b, ["batch", "new_tokens", "total_len"]), "logit_rows": (i64, ["batch", "logit_rows"]),
+            "logits": (onnx.TensorProto.FLOAT, ["batch", "logit_rows", s.vocab_size])}
     inputs, outputs = io_names(s.num_layers)
-    want.update({n: (kv, ["past_len", s.num_kv_heads, s.head_dim]) for n in inputs[4:]})
-    want.update({n: (kv, ["new_tokens", s.num_kv_heads, s.head_dim]) for n in outputs[1:]})
+    want.update({n: (kv, ["batch", "past_len", s.num_kv_heads, s.head_dim]) for n in inputs[4:]})
+    want.update({n: (kv, ["batch", "new_tokens", s.num_kv_heads, s.head_dim]) for n in outputs[1:]})
     g = proto.graph
     got = [v.name for v in g.input], [v.name for v in g.output]
     if got != (inputs, outputs):
@@ -225,15 +225,16 @@ def _probe_outputs(path: Path) -> list:
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
-    c, t, feed = 2, 3, {}
-    mask = np.tril(np.ones((t, c + t), dtype=bool), c)
-    mask[2, c + 1] = False  # a branch: node 2 is a sibling of node 1, not its child
+    b, c, t, feed = 2, 2, 3, {}
+    mask = np.tril(np.ones((b, t, c + t), dtype=bool), c)
+    mask[:, 2, c + 1] = False  # a branch: node 2 is a sibling of node 1, not its child
+    mask[1, :, 0] = False      # the second row has one past row fewer
     for i in sess.get_inputs():
         if i.name.startswith("past_"):
             dt = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[i.type]
-            feed[i.name] = rng.standard_normal((c, *i.shape[1:])).astype(dt)
-    feed.update(input_ids=np.array([1, 2, 3]), position_ids=np.array([2, 3, 3]), attn_mask=mask,
-                logit_rows=np.array([0, 2]))
+            feed[i.name] = rng.standard_normal((b, c, *i.shape[2:])).astype(dt)
+    feed.update(input_ids=np.array([[1, 2, 3], [4, 5, 6]]), position_ids=np.array([[2, 3, 3], [1, 2, 2]]),
+                attn_mask=mask, logit_rows=np.array([[0, 2], [1, 2]]))
     return sess.run(None, feed)
 
 

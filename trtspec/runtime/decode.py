@@ -1,8 +1,8 @@
 """DecodeState: one request's sequence, runners, sampling and stats, plus the shared target step.
 
-Every strategy ends a step the same way: build a TokenTree rooted at the last emitted token, call
-`verify_and_commit`, and (if it has a draft model) commit the draft's accepted rows. `ar` is the
-degenerate case of a one-node tree.
+Every strategy ends a step the same way: build a TokenTree rooted at the last emitted token,
+`yield from verify_and_commit(tree)`, and (if it has a draft model) commit the draft's accepted
+rows. `ar` is the degenerate case of a one-node tree. A DecodeState belongs to one request.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .runner import ModelRunner
+from .runner import Calls, ModelRunner
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
 from .verify import verify_greedy, verify_sampling
@@ -54,12 +54,12 @@ class DecodeState:
     def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return probs_from_logits(logits, self.sampling)
 
-    def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0, **extra) -> tuple[list[int], np.ndarray]:
-        """One target forward over `tree`, exact acceptance, target KV commit.
+    def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0, **extra) -> Calls:
+        """One target forward over `tree`, exact acceptance, target KV commit (a coroutine).
 
         Returns (emitted tokens, accepted path as tree node indices, root first)."""
         t0 = time.perf_counter()
-        logits = self.target.verify(tree)
+        logits = yield from self.target.verify(tree)
         if self.sampling.greedy:
             path, nxt = verify_greedy(tree, logits)
         else:

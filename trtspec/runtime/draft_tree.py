@@ -5,6 +5,9 @@ token). A node is *fed* once the draft has run on its token: its KV row sits in 
 and `probs[node]` (the draft's distribution over its children) is known. Many nodes are fed in one
 batched draft forward; each sees the committed prefix, the pending chain, and its own ancestors.
 
+Every method that runs the draft is a coroutine of model calls (`yield from tree.feed(...)`, see
+runner.py), so the draft calls of many requests can share one batched forward.
+
 `feed(nodes, chains=...)` also lets a cheaper drafter's chain be *reviewed* by the draft in the same
 forward (staged speculation / vertical cascade): chain tokens are fed speculatively and kept only
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 from .decode import DecodeState
+from .runner import Calls
 from .tree import TokenTree
 
 
@@ -48,10 +52,17 @@ class DraftTree:
         self.forwards = 0
         self.reviewed = 0                                          # chain tokens offered for review
         self.review_kept = 0                                       # ... and kept by the draft
-        logits = self.runner.extend(self.pending)                 # feeds the root
-        self.row[0] = len(self.pending) - 1
-        self.probs[0] = self._dist(logits)[0]
-        self.forwards += 1
+
+    @classmethod
+    def open(cls, st: DecodeState, capacity: int = 512) -> Calls:
+        """A tree rooted at the last emitted token, whose distribution the draft computes by feeding
+        the pending tokens (a coroutine: `tree = yield from DraftTree.open(st, n)`)."""
+        tree = cls(st, capacity)
+        logits = yield from tree.runner.extend(tree.pending)      # feeds the root
+        tree.row[0] = len(tree.pending) - 1
+        tree.probs[0] = tree._dist(logits)[0]
+        tree.forwards += 1
+        return tree
 
     # -- structure ---------------------------------------------------------------------------
     def add(self, parent: int, token: int, q: torch.Tensor | None = None, borrowed: bool = False) -> int:
@@ -82,7 +93,7 @@ class DraftTree:
         return self.st.draft_probs(logits)
 
     def feed(self, nodes: list[int], chains: dict[int, list[int]] | None = None,
-             lenience: float = 1.0) -> list[int]:
+             lenience: float = 1.0) -> Calls:
         """One batched draft forward over `nodes` (their parents must be fed), plus, for a node in
         `chains`, a proposed continuation reviewed by the draft in the same forward. Returns the
         nodes that are now fed (reviewed chain tokens that survived included)."""
@@ -99,6 +110,7 @@ class DraftTree:
             batch += added
         if not batch:
             return []
+            yield                                                   # (a coroutine even when empty)
         idx = np.asarray(batch)
         scratch = self.runner.cache.scratch
         # Visibility over existing scratch rows: rows owned by ancestors (pending rows belong to the root).
@@ -106,7 +118,7 @@ class DraftTree:
         mask = np.concatenate([self.anc[idx][:, owners], self.anc[idx][:, idx]], axis=1)
         toks = torch.from_numpy(self.tokens[idx])
         pos = torch.from_numpy(self.base_pos + self.depth[idx])
-        logits = self.runner.run(toks, pos, torch.from_numpy(mask))
+        logits = yield from self.runner.run(toks, pos, torch.from_numpy(mask))
         self.forwards += 1
         dists = self._dist(logits)
         for i, node in enumerate(batch):
@@ -152,12 +164,12 @@ class DraftTree:
         path = self.tokens[: self.size][self.anc[node, : self.size]]
         return np.concatenate([self.st.tokens(), path[1:]])
 
-    def finish(self, nodes: list[int] | None = None, **extra) -> tuple[list[int], np.ndarray]:
-        """Hand the tree (alive nodes, or `nodes`) to the target, commit both caches.
+    def finish(self, nodes: list[int] | None = None, **extra) -> Calls:
+        """Hand the tree (alive nodes, or `nodes`) to the target, commit both caches (a coroutine).
         Returns (emitted tokens, accepted path as draft-tree node ids)."""
         target_tree, sel = self.token_tree(nodes)
         extra["tree_nodes"] = {"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()}
-        emitted, path = self.st.verify_and_commit(target_tree, self.forwards, **extra)
+        emitted, path = yield from self.st.verify_and_commit(target_tree, self.forwards, **extra)
         self.commit(sel[path])
         return emitted, sel[path]
 

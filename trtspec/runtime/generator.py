@@ -1,140 +1,132 @@
-"""Generator: loaded engines + KV caches allocated once, reused across requests; streams tokens.
+"""Generator: loaded engines, KV pools with a slot per concurrent request, and the scheduler.
 
-    gen = Generator(target_engine, draft_engine, tokenizer=tok, capacity=2048)
-    result = gen.generate(prompt_ids, strategy="chain", max_new_tokens=128)
-    for piece in gen.stream_text("def fib(n):", strategy="ngram"): print(piece, end="")
+    gen = Generator(target_engine, draft_engine, tokenizer=tok, capacity=2048, slots=4)
+    handle = gen.submit(prompt_ids, strategy="chain", max_new_tokens=128)   # any thread
+    for tokens in handle: ...                                             # or: async for
+    result = handle.result()
+    result = gen.generate(prompt_ids, strategy="staged")                  # the simple API
+    for piece in gen.stream_text(prompt_ids, strategy="ngram"): print(piece, end="")
+
+Everything is allocated here, once: per model one KV pool (`slots` slots of `capacity` rows plus
+batch headroom), per slot a token buffer and its runners, per model one Batcher's step buffers.
+Requests run concurrently: each owns a slot while it runs, and the scheduler batches their model
+calls (scheduler.py). The simple API rides on `submit`, so two interleaved streams on one
+Generator each get exactly their own output.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
-import torch
 
 from ..engines.base import Engine
 from ..errors import RequestError
-from .decode import DecodeState, StepStats
+from .batch import Batcher
 from .kv_cache import CapacityError
+from .request import GenerationResult, Request, Slot
 from .runner import ModelRunner
 from .sampling import SamplingParams
+from .scheduler import Scheduler
 from .strategies import Strategy, make_strategy
 
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]                 # new tokens only
-    stats: dict = field(default_factory=dict)
-    steps: list[StepStats] = field(default_factory=list)
-    finish_reason: str = "length"        # "stop": a stop token ended it; "length": max_new_tokens did
+__all__ = ["Generator", "GenerationResult", "check_capacity", "room_for"]
 
 
 class Generator:
     def __init__(self, target: Engine, draft: Engine | None = None, tokenizer=None,
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
-                 strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None):
-        self.target = ModelRunner(target, capacity, buckets=buckets)
-        self.draft = (ModelRunner(draft, capacity, buckets=buckets, vocab=target.spec.vocab_size)
-                      if draft is not None else None)
+                 strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
+                 slots: int = 4, max_queue: int | None = None):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
         self.strategy_options = strategy_options or {}
-        self._seq = np.zeros(capacity, dtype=np.int64)
+        self.target_engine, self.draft_engine = target, draft
+        self.batchers = {"target": Batcher(target, buckets, max_batch=slots, capacity=capacity)}
+        if draft is not None:
+            self.batchers["draft"] = Batcher(draft, buckets, max_batch=slots, capacity=capacity)
+        pools = {role: b.engine.new_pool(slots, capacity + b.headroom) for role, b in self.batchers.items()}
+        vocab = target.spec.vocab_size
+        self.slots = [Slot(i, ModelRunner(self.batchers["target"], pools["target"].caches[i]),
+                           ModelRunner(self.batchers["draft"], pools["draft"].caches[i], vocab=vocab)
+                           if draft is not None else None,
+                           np.zeros(capacity, dtype=np.int64))
+                      for i in range(slots)]
+        self.pools = pools
+        self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue)
+
+    @property
+    def max_step_tokens(self) -> int:
+        return self.slots[0].target.max_step_tokens
 
     def strategy(self, name: str | Strategy) -> Strategy:
         strat = name if isinstance(name, Strategy) else make_strategy(name, **(self.strategy_options.get(name) or {}))
-        if strat.max_tree_size() > self.target.max_step_tokens:
+        if strat.max_tree_size() > self.max_step_tokens:
             raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
-                             f"one step, more than the {self.target.max_step_tokens} a step allows; "
-                             "lower its budget / k in the config")
-        if strat.needs_draft and self.draft is None:
+                               f"one step, more than the {self.max_step_tokens} a step allows; "
+                               "lower its budget / k in the config")
+        if strat.needs_draft and self.draft_engine is None:
             raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
-                             "add a draft to the config or use --strategy ar / ngram")
+                               "add a draft to the config or use --strategy ar / ngram")
         return strat
 
-    def generate(self, prompt_ids: list[int], **kwargs) -> GenerationResult:
-        """Run to completion. kwargs as for `iter_tokens`."""
-        it = self.iter_tokens(prompt_ids, **kwargs)
-        while True:
-            try:
-                next(it)
-            except StopIteration as done:
-                return done.value
-
-    def iter_tokens(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
-                    sampling: SamplingParams = SamplingParams(), seed: int = 0,
-                    record_trees: bool = False) -> Iterator[list[int]]:
-        """Yield the tokens each target step emits; `self.last_result` holds the result afterwards."""
+    def submit(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
+               sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,
+               timeout: float | None = None):
+        """Queue a request (thread-safe); returns its Handle. Bad input raises here, in the caller.
+        `timeout`: seconds after which the request is ended with finish_reason "deadline"."""
         strat = self.strategy(strategy)
         if not prompt_ids:
             raise RequestError("the prompt is empty: give at least one token")
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_capacity(len(prompt_ids), max_new_tokens, strat, self.capacity)
-        for r in (self.target, self.draft):
-            if r is not None:
-                r.reset()
-        gen = torch.Generator().manual_seed(seed)
-        st = DecodeState(self.target, self.draft if strat.needs_draft else None, sampling, gen, self._seq, 0,
-                         record_trees=record_trees)
-        st.append(list(prompt_ids))
+        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed, frozenset(self.stop_ids),
+                      record_trees, None if timeout is None else time.monotonic() + timeout)
+        self.scheduler.submit(req)
+        return req.handle
 
-        t0 = time.perf_counter()
-        # Invariant: each cache holds seq[:-1]; the last token is the root of the next tree.
-        self.target.prefill(list(prompt_ids[:-1]))
-        if st.draft is not None:
-            st.draft.prefill(list(prompt_ids[:-1]))
-        prefill_s = time.perf_counter() - t0
+    def generate(self, prompt_ids: list[int], **kwargs) -> GenerationResult:
+        """Run to completion. kwargs as for `submit`."""
+        return self.submit(prompt_ids, **kwargs).result()
 
-        out: list[int] = []
-        finish = "length"
-        while len(out) < max_new_tokens:
-            emitted = strat.step(st)[: max_new_tokens - len(out)]
-            stop_at = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
-            if stop_at is not None:
-                emitted = emitted[: stop_at + 1]
-            st.append(emitted)
-            out += emitted
-            yield emitted
-            if stop_at is not None:
-                finish = "stop"
-                break
-        seconds = time.perf_counter() - t0
-        self.last_result = GenerationResult(out, self._stats(out, st.steps, seconds, prefill_s), st.steps, finish)
-        return self.last_result
-
-    @staticmethod
-    def _stats(out: list[int], steps: list[StepStats], seconds: float, prefill_s: float) -> dict:
-        n = len(steps)
-        return {
-            "new_tokens": len(out),
-            "seconds": seconds,
-            "tokens_per_s": len(out) / seconds if seconds > 0 else 0.0,
-            "target_steps": n,
-            "mean_accepted": (len(out) / n) if n else 0.0,   # tokens emitted per target step
-            "draft_seconds": sum(s.draft_seconds for s in steps),
-            "verify_seconds": sum(s.verify_seconds for s in steps),
-            "prefill_seconds": prefill_s,
-            "draft_forwards": sum(s.draft_forwards for s in steps),
-            "mean_tree_size": (sum(s.tree_size for s in steps) / n) if n else 0.0,
-        }
+    def iter_tokens(self, prompt_ids: list[int], **kwargs) -> Iterator[list[int]]:
+        """Yield the tokens each target step emits; the generator's return value is the result.
+        Leaving the loop early cancels the request."""
+        handle = self.submit(prompt_ids, **kwargs)
+        try:
+            yield from handle
+        finally:
+            if not handle.done:
+                handle.cancel()
+        return handle.result()
 
     def stream_text(self, prompt_ids: list[int], **kwargs) -> Iterator[str]:
-        """Yield decoded text pieces as tokens are accepted (needs a tokenizer)."""
+        """Yield decoded text pieces as tokens are accepted (needs a tokenizer); returns the result."""
         if self.tokenizer is None:
             raise RequestError("stream_text needs a tokenizer")
-        toks: list[int] = []
-        shown = ""
-        for emitted in self.iter_tokens(prompt_ids, **kwargs):
-            toks += emitted
-            # Re-decode the whole output so multi-token characters come out whole.
-            text = self.tokenizer.decode(toks, skip_special_tokens=True)
-            if not text.endswith("\ufffd"):
-                yield text[len(shown):]
-                shown = text
+        return (yield from decode_pieces(self.tokenizer, self.iter_tokens(prompt_ids, **kwargs)))
 
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:
+    """Text pieces of a stream of token lists; re-decodes the whole output so multi-token characters
+    come out whole. Returns the stream's return value."""
+    toks: list[int] = []
+    shown = ""
+    while True:
+        try:
+            emitted = next(steps)
+        except StopIteration as done:
+            return done.value
+        toks += emitted
+        text = tokenizer.decode(toks, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            yield text[len(shown):]
+            shown = text
 
 
 def room_for(prompt_len: int, strat: Strategy, capacity: int) -> int:

@@ -1,10 +1,15 @@
-"""KVCache: one preallocated buffer per model, written in place, committed by compaction.
+"""KV ownership: one preallocated pool per model, a slot per request, written in place, committed by
+compaction.
 
-Layout: `buf[L, 2, S_max, Hkv, D]`, sequence-major, so `buf[l, j, :C]` (the past of layer l) and
-`buf[l, j, C:C+T]` (where the step's new rows go) are each one contiguous block. ONNX Runtime and
-TensorRT then bind both straight onto the buffer: the cache is never copied or reallocated between
-steps. (Inside a step, attention still concatenates each layer's past with the new rows: a
-temporary copy that grows with the context; see docs/ARCHITECTURE.md.)
+`KVPool.buf` is `[L, 2, slots, S_max, Hkv, D]`, allocated once. A request owns one slot while it
+runs: `KVCache` is that slot's view `buf[:, :, slot]`, sequence-major, so `buf[l, j, slot, :C]` (the
+past of layer l) and `buf[l, j, slot, C:C+T]` (where the step's new rows go) are each one contiguous
+block. A one-row step binds both straight onto the pool (ONNX Runtime IO binding, torch views): the
+cache is never copied or reallocated between steps. A step over B > 1 rows needs each layer's past
+as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` copies each row's past
+into a contiguous buffer and the new rows back into the slots (sizes and costs in
+docs/ARCHITECTURE.md). Inside a step, attention also concatenates each layer's past with the new
+rows (a temporary copy that grows with the context).
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
@@ -23,12 +28,24 @@ class CapacityError(TrtspecError, RuntimeError):
     """The request does not fit the KV capacity (max_seq_len)."""
 
 
+class KVPool:
+    """All KV rows of one model: `buf[L, 2, slots, S, Hkv, D]`; `caches[i]` is slot i."""
+
+    def __init__(self, spec: ModelSpec, slots: int, capacity: int, dtype: torch.dtype,
+                 device: str | torch.device = "cpu"):
+        self.spec, self.capacity = spec, capacity
+        self.buf = torch.zeros(spec.num_layers, 2, slots, capacity, spec.num_kv_heads, spec.head_dim,
+                               dtype=dtype, device=device)
+        self.caches = [KVCache(spec, capacity, self.buf[:, :, i]) for i in range(slots)]
+
+
 class KVCache:
-    def __init__(self, spec: ModelSpec, capacity: int, dtype: torch.dtype, device: str | torch.device = "cpu"):
+    """One slot of a KVPool: `buf[L, 2, S, Hkv, D]` (a view; each [l, j] block is contiguous)."""
+
+    def __init__(self, spec: ModelSpec, capacity: int, buf: torch.Tensor):
         self.spec = spec
         self.capacity = capacity
-        self.buf = torch.zeros(spec.num_layers, 2, capacity, spec.num_kv_heads, spec.head_dim,
-                               dtype=dtype, device=device)
+        self.buf = buf
         self.length = 0    # committed rows
         self.scratch = 0   # uncommitted rows written after them
 
@@ -70,3 +87,43 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
         self.scratch = 0
+
+
+class BatchStaging:
+    """Contiguous copies for a step over B > 1 rows (one engine's, reused; it grows to the largest
+    batch seen and never shrinks, so a steady state allocates nothing).
+
+    `past(caches, c)` copies rows [0, c) of every row's slot into `[2L, B, c, Hkv, D]` (row b's
+    rows past its own `used` are stale and masked by the caller); `new(b, t)` is where a step writes
+    its `[2L, B, t, Hkv, D]` new keys/values; `scatter(caches, new)` copies row b's into its slot at
+    `caches[b].used`."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: str | torch.device):
+        self.spec, self.dtype, self.device = spec, dtype, device
+        self._past = torch.empty(0, dtype=dtype, device=device)
+        self._new = torch.empty(0, dtype=dtype, device=device)
+
+    def _view(self, name: str, b: int, rows: int) -> torch.Tensor:
+        s = self.spec
+        shape = (2 * s.num_layers, b, rows, s.num_kv_heads, s.head_dim)
+        n = int(np.prod(shape))
+        buf = getattr(self, name)
+        if buf.numel() < n:
+            buf = torch.empty(n, dtype=self.dtype, device=self.device)
+            setattr(self, name, buf)
+        return buf[:n].view(shape)
+
+    def past(self, caches: list[KVCache], c: int) -> torch.Tensor:
+        out = self._view("_past", len(caches), c)
+        for b, cache in enumerate(caches):
+            out[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1))
+        return out
+
+    def new(self, b: int, t: int) -> torch.Tensor:
+        return self._view("_new", b, t)
+
+    def scatter(self, caches: list[KVCache], new: torch.Tensor) -> None:
+        t = new.shape[2]
+        for b, cache in enumerate(caches):
+            u = cache.used
+            cache.buf[:, :, u:u + t].copy_(new[:, b].unflatten(0, (self.spec.num_layers, 2)))

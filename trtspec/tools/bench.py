@@ -102,47 +102,11 @@ def parse_list(text: str | None, allowed, what: str) -> list[str]:
 
 # --- model-forward timing of our engines -------------------------------------------------------
 
-class TimedEngine:
-    """Wraps an Engine: times each `step` (a model forward), prefill forwards kept apart."""
-
-    def __init__(self, engine):
-        self.engine = engine
-        self.phase = "step"
-        self._sync = str(getattr(engine, "device", "cpu")).startswith("cuda")
-        self.reset()
-
-    def __getattr__(self, name):           # everything else is the engine's
-        return getattr(self.__dict__["engine"], name)
-
-    def reset(self) -> None:
-        self.seconds = {"prefill": 0.0, "step": 0.0}
-        self.calls = {"prefill": 0, "step": 0}
-
-    def step(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = self.engine.step(*args, **kwargs)
-        if self._sync:
-            torch.cuda.synchronize()
-        self.seconds[self.phase] += time.perf_counter() - t0
-        self.calls[self.phase] += 1
-        return out
-
-
-def instrument(runner) -> TimedEngine:
-    """Time every forward of a ModelRunner (the only caller of engine.step); flag its prefill calls."""
-    timed = TimedEngine(runner.engine)
-    runner.engine = timed
-    prefill = runner.prefill
-
-    def timed_prefill(tokens):
-        timed.phase = "prefill"
-        try:
-            return prefill(tokens)
-        finally:
-            timed.phase = "step"
-
-    runner.prefill = timed_prefill
-    return timed
+def instrument(batcher) -> "Batcher":
+    """Time every forward of a model (its Batcher is the only caller of engine.step_batch)."""
+    batcher.timed = True
+    batcher.reset_timing()
+    return batcher
 
 
 # --- memory and machine ------------------------------------------------------------------------
@@ -241,11 +205,9 @@ class Bench:
         self.stop_ids = sorted(self.gen.stop_ids)
         self.gen.stop_ids = set()          # benchmark: every runner emits exactly max_new_tokens
         self.strategies = {name: self.gen.strategy(name) for name in opts.strategies}   # validates early
-        self.timers = {"target": instrument(self.gen.target)}
-        if self.gen.draft is not None:
-            self.timers["draft"] = instrument(self.gen.draft)
+        self.timers = {role: instrument(b) for role, b in self.gen.batchers.items()}
         self.folder = folder
-        self.device = str(getattr(self.gen.target.engine, "device", "cpu"))
+        self.device = str(getattr(self.gen.target_engine, "device", "cpu"))
         self.cuda = self.device.startswith("cuda")
         self.peers = None                  # load_peers(), once the prompts are known to encode
         self.runners = list(opts.strategies) + list(opts.peers)
@@ -254,7 +216,7 @@ class Bench:
     def load_peers(self) -> None:
         if self.opts.peers:
             from .hf_peers import HFPeers
-            self.peers = HFPeers(self.folder, self.opts.peers, dtype=self.gen.target.engine.kv_dtype,
+            self.peers = HFPeers(self.folder, self.opts.peers, dtype=self.gen.target_engine.kv_dtype,
                                  lookup_tokens=self.opts.lookup_tokens, device=self.device)
 
     def fits(self, ids: list[int]) -> bool:
@@ -285,7 +247,7 @@ class Bench:
     def _run_ours(self, name: str, ids: list[int], max_new: int) -> dict:
         from ..runtime.sampling import SamplingParams
         for t in self.timers.values():
-            t.reset()
+            t.reset_timing()
         res = self.gen.generate(ids, strategy=name, max_new_tokens=max_new,
                                 sampling=SamplingParams(self.opts.temperature), seed=self.opts.seed)
         d = self.timers.get("draft")
@@ -293,7 +255,7 @@ class Bench:
         return {"runner": name, "kind": "trtspec", **res.stats,
                 "target_forward_seconds": self.timers["target"].seconds["step"],
                 "draft_forward_seconds": d.seconds["step"] if d else 0.0,
-                "target_forwards": self.timers["target"].calls["step"],
+                "target_forwards": self.timers["target"].steps["step"],
                 "forward_seconds": sum(sum(t.seconds.values()) for t in self.timers.values()),
                 "tokens_per_step_hist": {str(k): hist[k] for k in sorted(hist)},
                 "token_ids": list(res.token_ids)}
@@ -460,7 +422,7 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
 def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, strategies: str, peers: str,
                limit: int | None, max_new_tokens: int, temperature: float, seed: int, chat: bool,
                output: str | None, backend: str | None, threads: int | None, lookup_tokens: int = 10,
-               stride: int = 1,
+               stride: int = 1, concurrency: str | None = None,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
     from ..config import Config, load_config
@@ -476,6 +438,7 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
                         peers=parse_list(peers, list(PEERS), "peer"), limit=limit, stride=stride,
                         max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens)
+    levels = parse_levels(concurrency)
     load_prompts(dataset, 1)             # a bad dataset fails before any engine is built or loaded
     cfg = load_config(config_path) if config_path else None
     if engines_dir:
@@ -490,8 +453,50 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     stem = Path(dataset).name.split(".")[0] if dataset.endswith((".jsonl", ".gz")) else dataset
     out = Path(output) if output else Path("out") / "bench" / f"{name}-{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     threads = threads if threads is not None else (cfg.threads if cfg else None)
+    if levels:
+        return _concurrency(folder, opts, out, levels, backend, threads, cfg, command, log)
     results = run_bench(folder, opts, out, strategy_options=cfg.strategies if cfg else None, backend=backend,
                         threads=threads, command=command, log=log, config=cfg)
     log(aggregate_table(results))
     log(f"results written to {out}/ ({', '.join(results['files'])})")
     return results
+
+
+def parse_levels(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        levels = sorted({int(x) for x in text.split(",")})
+    except ValueError:
+        raise RequestError(f"--concurrency {text!r}: give comma-separated integers, e.g. 1,2,4,8") from None
+    if levels[0] < 1 or levels[-1] > 256:
+        raise RequestError(f"--concurrency {text!r}: each level must be in 1..256")
+    return levels
+
+
+def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int], backend, threads, cfg, command,
+                 log) -> dict:
+    """`bench --concurrency`: see tools/bench_concurrency.py."""
+    from ..engines.load import load_generator
+    from .bench_concurrency import concurrency_bench, write_concurrency_report
+    gen = load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels))
+    if cfg is not None:
+        gen.strategy_options = cfg.strategies
+    strategies = list(dict.fromkeys(["ar"] + opts.strategies))
+    for s in strategies:
+        gen.strategy(s)                  # validates early
+    prompts = [encode(p, gen.tokenizer, chat=opts.chat) for p in load_prompts(opts.dataset, opts.limit, opts.stride)]
+    room = max(gen.strategy(s).max_rows() for s in strategies)
+    prompts = [ids for ids in prompts if len(ids) + opts.max_new_tokens + room <= gen.capacity]
+    if not prompts:
+        raise RequestError("no prompt fits the KV capacity with --max-new-tokens; raise max_seq_len")
+    records = concurrency_bench(gen, prompts, strategies, levels, opts.max_new_tokens, log=log)
+    settings = {"machine": machine_info(command), "engines": str(folder), "backend": gen.backend,
+                "dataset": opts.dataset, "prompts": len(prompts), "max_new_tokens": opts.max_new_tokens,
+                "levels": levels, "slots": len(gen.slots), "threads": threads,
+                "strategy_options": {s: gen.strategy_options.get(s, {}) for s in strategies},
+                "title": f"{cfg.name if cfg else folder.name}: {opts.dataset}, {opts.max_new_tokens} tokens"}
+    files = write_concurrency_report(records, out, settings)
+    log((out / "concurrency.md").read_text())
+    log(f"results written to {out}/ ({', '.join(files)})")
+    return {"settings": settings, "runs": records, "files": files}

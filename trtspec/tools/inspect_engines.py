@@ -16,7 +16,7 @@ from ..config import Config
 from ..engines.load import load_engine
 from ..engines.manifest import verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
-from ..runtime.runner import ModelRunner
+from ..runtime.runner import ModelRunner, drive
 from ..runtime.tree import TokenTree
 
 
@@ -55,9 +55,9 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
         except Exception as e:                    # a backend that cannot run this folder here
             lines.append(f"{backend:<12} skipped: {e}")
             continue
-        runner = ModelRunner(engine, capacity=len(prompt) + len(tree) + 8)
-        runner.prefill(prompt)
-        results[backend] = runner.verify(tree).float().clone()
+        runner = ModelRunner.alone(engine, capacity=len(prompt) + len(tree) + 8)
+        drive(runner.prefill(prompt))
+        results[backend] = drive(runner.verify(tree)).float().clone()
     ref = results.get("torch")
     for backend, logits in results.items():
         if backend == "torch" or ref is None:

@@ -16,20 +16,21 @@ import torch
 
 from ..config import BACKENDS
 from ..options import MAX_STEP_TOKENS
+from ..runtime.runner import drive
 
 
 def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list[dict]:
     runner.reset()
     vocab = runner.engine.spec.vocab_size
-    runner.prefill([(1000 + i) % vocab for i in range(cached)])
-    runner.extend([1], last_only=False)       # warm-up
+    drive(runner.prefill([(1000 + i) % vocab for i in range(cached)]))
+    drive(runner.extend([1], last_only=False))       # warm-up
     runner.cache.rollback()
     rows = []
     for t in tokens:
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            runner.extend([i % vocab for i in range(t)], last_only=False)
+            drive(runner.extend([i % vocab for i in range(t)], last_only=False))
             times.append(time.perf_counter() - t0)
             runner.cache.rollback()
         rows.append({"T": t, "min_s": round(min(times), 4), "median_s": round(sorted(times)[len(times) // 2], 4)})
@@ -58,7 +59,8 @@ def main(engines_dir, role, tokens, cached, threads, backend):
         gen = load_generator(engines_dir, backend=backend, threads=threads)
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
-    runner = gen.target if role == "target" else gen.draft
+    slot = gen.slots[0]                       # the generator is idle: its first slot is free
+    runner = slot.target if role == "target" else slot.draft
     if runner is None:
         raise click.ClickException(f"{engines_dir} has no draft model; use --role target")
     if cached + max(sizes) > runner.cache.capacity:

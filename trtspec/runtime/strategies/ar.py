@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..tree import TokenTree
 from .base import Strategy
 
@@ -9,5 +10,5 @@ from .base import Strategy
 class Autoregressive(Strategy):
     name = "ar"
 
-    def step(self, st: DecodeState) -> list[int]:
-        return st.verify_and_commit(TokenTree.chain(st.root, []))[0]
+    def step(self, st: DecodeState) -> Calls:
+        return (yield from st.verify_and_commit(TokenTree.chain(st.root, [])))[0]

@@ -1,8 +1,11 @@
 """Strategy: the one-method interface every decoding strategy implements.
 
-A strategy's `step(state)` drafts however it likes, ends with `state.verify_and_commit(tree)` (the
-shared exact target step), commits its draft KV if it has a draft model, and returns the emitted
-tokens. Strategies share TokenTree / DraftTree / verification / KV machinery; none re-implements it.
+A strategy's `step(state)` drafts however it likes, ends with `yield from state.verify_and_commit(tree)`
+(the shared exact target step), commits its draft KV if it has a draft model, and returns the
+emitted tokens. It is a coroutine of model calls (runner.py): every draft or target forward is
+`yield from`, so the scheduler can batch the calls of many requests. Strategies share TokenTree /
+DraftTree / verification / KV machinery; none re-implements it. A strategy object holds options
+only; per-request state lives in the DecodeState it is given.
 
 Options are the `__init__` parameters, typed and bounded with `trtspec.options` aliases; every
 construction (from a config or from Python) is checked, and a bad option is one ConfigError line
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 from ...options import checked_init
 from ..decode import DecodeState
+from ..runner import Calls
 
 
 class Strategy:
@@ -31,7 +35,8 @@ class Strategy:
                 pass
         cls.__init__ = checked_init(f"strategies.{cls.name}")(own)
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
+        """One decoding step for one request (a coroutine); returns the emitted tokens."""
         raise NotImplementedError
 
     def max_tree_size(self) -> int:

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
 from pathlib import Path
@@ -47,10 +48,10 @@ class Cascade(Strategy):
     def max_draft_rows(self) -> int:
         return self.k_draft * (self.mag_len + 1)   # every review may feed mag_len rejected tokens
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
-        tree = DraftTree(st, capacity=self.k_draft * (self.mag_len + 1) + self.k_mag + 2)
+        tree = yield from DraftTree.open(st, capacity=self.k_draft * (self.mag_len + 1) + self.k_mag + 2)
         chain: list[int] = []                       # node ids, in order
         last = 0
         while len(chain) < self.k_draft:
@@ -59,13 +60,13 @@ class Cascade(Strategy):
             if len(chain) >= self.k_draft:
                 break                                # a leaf: no need to feed it
             proposal = self.mag.propose(tree.context(node), self.mag_len)
-            fed = tree.feed([node], {node: proposal} if proposal else None, self.lenience)
+            fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)
             chain += fed[1:]
             last = chain[-1]
         for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
             chain.append(tree.add(chain[-1], int(tok)))
         st.draft_seconds = time.perf_counter() - t0
-        return tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)[0]
+        return (yield from tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept))[0]
 
 
 def _bigram(path: str) -> np.ndarray:

@@ -10,6 +10,7 @@ import time
 import torch
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..sampling import sample
 from ..tree import TokenTree
 from ...options import TreeSize
@@ -30,14 +31,14 @@ class ChainSpeculative(Strategy):
     def max_draft_rows(self) -> int:
         return self.k - 1
 
-    def draft(self, st: DecodeState) -> tuple[list[int], torch.Tensor | None, int]:
+    def draft(self, st: DecodeState) -> Calls:
         """Greedy or sampled chain from the draft model. Returns (drafts, q rows or None, pending).
 
         The draft cache may lag the sequence by a token or two (the bonus token, or the last draft
         whose KV was never computed), so the first call feeds every pending token with the root."""
         runner = st.draft
         pending = st.tokens()[runner.cache.length:].tolist()
-        logits = runner.extend(pending)
+        logits = yield from runner.extend(pending)
         drafts: list[int] = []
         qs = []
         for i in range(self.k):
@@ -49,18 +50,18 @@ class ChainSpeculative(Strategy):
                 qs.append(q)
             drafts.append(tok)
             if i < self.k - 1:
-                logits = runner.extend([tok])
+                logits = yield from runner.extend([tok])
         q_rows = None
         if qs:  # row 0 (the root) is never verified against q
             q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs)
         return drafts, q_rows, len(pending)
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
         f0 = st.draft.forwards
-        drafts, q_rows, pending = self.draft(st)
+        drafts, q_rows, pending = yield from self.draft(st)
         st.draft_seconds = time.perf_counter() - t0
-        emitted, _ = st.verify_and_commit(TokenTree.chain(st.root, drafts, q_rows), st.draft.forwards - f0)
+        emitted, _ = yield from st.verify_and_commit(TokenTree.chain(st.root, drafts, q_rows), st.draft.forwards - f0)
         accepted = len(emitted) - 1
         # Keep the draft rows of pending tokens + accepted drafts whose KV exists (not the k-th).
         st.draft.cache.commit(range(pending + min(accepted, self.k - 1)))

@@ -20,6 +20,7 @@ import time
 import torch
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..draft_tree import DraftTree
 from typing import Annotated, Literal
 
@@ -60,17 +61,17 @@ class DySpec(Strategy):
         total = float(rest.sum())
         return node, ry, (rest / total if total > 0 else None)
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
-        tree = DraftTree(st, capacity=self.budget + 2)
+        tree = yield from DraftTree.open(st, capacity=self.budget + 2)
         if self.variant == "heap":
-            self._heap(st, tree)
+            yield from self._heap(st, tree)
         else:
-            self._threshold(st, tree)
+            yield from self._threshold(st, tree)
         st.draft_seconds = time.perf_counter() - t0
-        return tree.finish()[0]
+        return (yield from tree.finish())[0]
 
-    def _heap(self, st: DecodeState, tree: DraftTree) -> None:
+    def _heap(self, st: DecodeState, tree: DraftTree) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
         heap = [(-1.0, 0, 0, tree.probs[0])]
         count, added = 1, 0
@@ -78,7 +79,7 @@ class DySpec(Strategy):
             slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.budget - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
             if unfed:
-                tree.feed(unfed)
+                yield from tree.feed(unfed)
             for neg, _, parent, res in slots:
                 v = -neg
                 if res is None:
@@ -92,12 +93,12 @@ class DySpec(Strategy):
                     heapq.heappush(heap, (-(v * ry), count, node, None))
                     count += 1
 
-    def _threshold(self, st: DecodeState, tree: DraftTree) -> None:
+    def _threshold(self, st: DecodeState, tree: DraftTree) -> Calls:
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
             if depth > 0:
-                tree.feed([n for n, _ in leaves])       # one batched forward per layer
+                yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer
             new = []
             for node, v in leaves:
                 res = tree.probs[node]

@@ -21,6 +21,7 @@ from collections import deque
 import numpy as np
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..draft_tree import DraftTree
 from typing import Annotated
 
@@ -40,7 +41,6 @@ class GSD(Strategy):
                  max_draft_nodes: TreeSize = 64):
         self.top_k, self.sibling_ratio, self.confidence, self.repeat = top_k, sibling_ratio, confidence, repeat
         self.max_depth, self.budget, self.max_draft_nodes = max_depth, budget, max_draft_nodes
-        self.merges = 0
 
     def max_tree_size(self) -> int:
         return self.budget + 1
@@ -86,15 +86,15 @@ class GSD(Strategy):
             stack += tree.children(u).tolist() + merged.get(u, [])
         return False
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
-        tree = DraftTree(st, capacity=self.max_draft_nodes + self.budget + 2)
+        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.budget + 2)
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
         confident = {0: True}
         frontier, merges = [0], 0
         for depth in range(self.max_depth):
             if depth > 0:
-                tree.feed(frontier)
+                yield from tree.feed(frontier)
             new = []
             for node in frontier:
                 p = tree.probs[node]
@@ -114,10 +114,9 @@ class GSD(Strategy):
             if not any(confident[c] for c in new):
                 break
             frontier = new
-        self.merges += merges
         nodes = self._unroll(tree, merged)
         st.draft_seconds = time.perf_counter() - t0
-        emitted, path = tree.finish(nodes, merges=merges)
+        emitted, path = yield from tree.finish(nodes, merges=merges)
         st.steps[-1].extra["merged_path"] = bool(tree.borrowed[path].any())
         return emitted
 

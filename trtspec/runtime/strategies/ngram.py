@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..ngram import NGramDrafter
 from ..tree import TokenTree
 from typing import Annotated
@@ -28,8 +29,8 @@ class NGramSpeculative(Strategy):
     def max_tree_size(self) -> int:
         return self.k + 1
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
         drafts = self.drafter.propose(st.tokens(), self.k)
         st.draft_seconds = time.perf_counter() - t0
-        return st.verify_and_commit(TokenTree.chain(st.root, drafts))[0]
+        return (yield from st.verify_and_commit(TokenTree.chain(st.root, drafts)))[0]

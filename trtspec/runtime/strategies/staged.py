@@ -15,6 +15,7 @@ import heapq
 import time
 
 from ..decode import DecodeState
+from ..runner import Calls
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
 from typing import Annotated
@@ -52,9 +53,9 @@ class Staged(Strategy):
             if tok not in have and value * prob >= self.min_prob:
                 heapq.heappush(heap, (-value * prob, node, tok))
 
-    def step(self, st: DecodeState) -> list[int]:
+    def step(self, st: DecodeState) -> Calls:
         t0 = time.perf_counter()
-        tree = DraftTree(st, capacity=self.max_tree_size() + 1)
+        tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1)
         value = {0: 1.0}
         heap: list = []
         self._push(heap, tree, 0, 1.0)
@@ -82,10 +83,10 @@ class Staged(Strategy):
                 proposal = self.ngram.propose(tree.context(best), self.stage2_len)
                 if proposal:
                     chains[best] = proposal
-            for node in tree.feed(new, chains):
+            for node in (yield from tree.feed(new, chains)):
                 if node not in value:                   # a reviewed stage-2 token
                     parent = int(tree.parents[node])
                     value[node] = value[parent] * float(tree.probs[parent][int(tree.tokens[node])])
                 self._push(heap, tree, node, value[node])
         st.draft_seconds = time.perf_counter() - t0
-        return tree.finish(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)[0]
+        return (yield from tree.finish(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept))[0]

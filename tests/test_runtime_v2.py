@@ -1,0 +1,348 @@
+"""Runtime v2: batched steps over a KV pool, requests that own their state, continuous batching.
+
+- Engine level: one batched step over rows in separate slots, of different lengths and tree shapes,
+  gives each row the logits it gets alone (torch and ONNX Runtime), and writes only its own slot.
+- Batch invariance: requests of mixed strategies, prompts and stop points submitted together give
+  exactly their solo greedy output (hypothesis), through torch and ONNX Runtime.
+- Sampling: a request's first two tokens keep the target's exact distribution when neighbours share
+  its batch (chi-square, as in test_sampling_exact).
+- Concurrency: threads submitting and cancelling; interleaved simple-API streams; deadlines; async
+  iteration; a failing request does not take its neighbours down; every slot is free at the end.
+- No allocation in steady state: KV pools, step buffers and staging keep their storage.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_pair
+from trtspec.config import CONFIGS_DIR, load_config
+from trtspec.engines.build import build_engines
+from trtspec.engines.load import load_generator
+from trtspec.engines.manifest import EngineError, verify
+from trtspec.engines.onnxruntime_engine import OrtEngine
+from trtspec.runtime.batch import Batcher, Call
+from trtspec.runtime.generator import Generator
+from trtspec.runtime.sampling import SamplingParams
+from trtspec.runtime.strategies import STRATEGIES, ChainSpeculative, DySpec
+
+NAMES = list(STRATEGIES)
+QUIET = dict(log=lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair("llama", vocab_size=512, num_layers=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def ort_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("v2") / "ort"
+    return build_engines(load_config(CONFIGS_DIR / "tiny-random.yaml"), out, backend="onnxruntime", **QUIET)
+
+
+def solo(gen: Generator, prompt, n, strategy="ar", **kw):
+    return gen.generate(prompt, strategy=strategy, max_new_tokens=n, **kw).token_ids
+
+
+# ---------------------------------------------------------------------------------------------
+# One batched engine step == each row alone
+# ---------------------------------------------------------------------------------------------
+
+def random_call(batcher, cache, gen: torch.Generator, vocab: int) -> Call:
+    """A random tree of 1-7 nodes over the cache's committed rows and some scratch rows."""
+    t = int(torch.randint(1, 8, (1,), generator=gen))
+    s = cache.scratch
+    parents = [int(torch.randint(-1, s + k, (1,), generator=gen)) if s + k > 0 else -1 for k in range(t)]
+    mask = torch.zeros(t, s + t, dtype=torch.bool)
+    depth = []
+    for k, p in enumerate(parents):
+        mask[k, s + k] = True
+        node = p
+        while node >= 0:
+            mask[k, node] = True
+            node = parents[node - s] if node >= s else -1
+        depth.append(0 if p < 0 else (depth[p - s] + 1 if p >= s else 1))
+    pos = torch.tensor([cache.length + d for d in depth])
+    return Call(batcher, cache, torch.randint(0, vocab, (t,), generator=gen), pos, mask, None)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_batched_step_equals_each_row_alone(pair, ort_folder, backend):
+    if backend == "torch":
+        engine = pair.target_engine
+    else:
+        gen0 = load_generator(ort_folder, backend="onnxruntime")
+        engine = gen0.target_engine
+        assert isinstance(engine, OrtEngine)
+    vocab = engine.spec.vocab_size
+    batcher = Batcher(engine, max_batch=4, capacity=96)
+    pools = [engine.new_pool(5, 96 + batcher.headroom) for _ in range(2)]    # batched / alone
+    g = torch.Generator().manual_seed(3)
+    rows = [0, 3, 4]                              # not adjacent: the batch reads separate slots
+    for slot, n in zip(rows, (5, 17, 30)):        # different committed lengths
+        prompt = torch.randint(0, vocab, (n,), generator=g)
+        for pool in pools:
+            c = pool.caches[slot]
+            batcher.run([Call(batcher, c, prompt, torch.arange(n), torch.ones(n, n).tril().bool(), None)])
+            c.commit(range(n))
+    untouched = pools[0].buf[:, :, [1, 2]].clone()
+    for step in range(4):
+        calls = [random_call(batcher, pools[0].caches[s], g, vocab) for s in rows]
+        twins = [Call(batcher, pools[1].caches[s], c.tokens, c.positions, c.new_mask, c.rows)
+                 for s, c in zip(rows, calls)]
+        together = [x.clone() for x in batcher.run(calls)]
+        alone = [batcher.run([c])[0].clone() for c in twins]
+        for a, b in zip(together, alone):
+            torch.testing.assert_close(a, b, atol=1e-4 * float(b.abs().max()), rtol=0)
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        for s in rows:
+            a, b = pools[0].caches[s], pools[1].caches[s]
+            assert (a.length, a.scratch) == (b.length, b.scratch)
+            torch.testing.assert_close(a.buf[:, :, : a.used], b.buf[:, :, : b.used], atol=1e-5, rtol=1e-4)
+        if step % 2:
+            for s in rows:
+                for pool in pools:
+                    pool.caches[s].commit([0])
+    assert torch.equal(pools[0].buf[:, :, [1, 2]], untouched), "a slot outside the batch was written"
+
+
+def test_old_contract_folder_is_refused(ort_folder, tmp_path):
+    import shutil
+    eng = tmp_path / "old"
+    shutil.copytree(ort_folder, eng)
+    m = json.loads((eng / "manifest.json").read_text())
+    m["contract_version"] = 1
+    (eng / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(EngineError, match="step contract v1.*v2.*trtspec build"):
+        verify(eng)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch invariance: mixed requests together == each alone
+# ---------------------------------------------------------------------------------------------
+
+request = st.tuples(st.lists(st.integers(1, 40), min_size=1, max_size=12),   # prompt
+                    st.sampled_from(NAMES), st.integers(1, 24))             # strategy, max_new_tokens
+
+
+def check_batch_invariance(gen: Generator, reqs) -> None:
+    ref = [solo(gen, p, n, "ar") for p, _, n in reqs]
+    handles = [gen.submit(p, strategy=s, max_new_tokens=n) for p, s, n in reqs]
+    got = [h.result(timeout=120) for h in handles]
+    for (p, s, n), r, want in zip(reqs, got, ref):
+        assert r.token_ids == want, f"{s} with prompt {p} in a batch of {len(reqs)}"
+    assert gen.scheduler.busy_slots == 0
+
+
+@settings(max_examples=12, deadline=None, database=None, derandomize=True)
+@given(st.sampled_from([1, 2, 3, 8]).flatmap(lambda b: st.lists(request, min_size=b, max_size=b)))
+def test_batch_invariance_torch(batch_gen, reqs):
+    check_batch_invariance(batch_gen, reqs)
+
+
+@pytest.fixture(scope="module")
+def batch_gen(pair):
+    stop = solo(pair.generator(capacity=128), [1, 2, 3], 12)[7]      # some requests stop early
+    return Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=8, stop_ids={stop})
+
+
+def test_batch_invariance_onnxruntime(ort_folder):
+    gen = load_generator(ort_folder, backend="onnxruntime")
+    rng = random.Random(5)
+    for b in (2, 3, 8):
+        reqs = [([rng.randint(1, 400) for _ in range(rng.randint(1, 12))], NAMES[i % len(NAMES)], rng.randint(1, 20))
+                for i in range(b)]
+        check_batch_invariance(gen, reqs)
+
+
+def test_batches_really_form(batch_gen):
+    """The scheduler runs concurrent requests' calls together (fewer engine steps than alone)."""
+    b = batch_gen.batchers["target"]
+    prompts = [[i + 1, i + 2, i + 3] for i in range(8)]
+    f0 = b.forwards
+    for p in prompts:
+        solo(batch_gen, p, 10, "ar")
+    alone = b.forwards - f0
+    f0 = b.forwards
+    for h in [batch_gen.submit(p, strategy="ar", max_new_tokens=10) for p in prompts]:
+        h.result(timeout=60)
+    assert b.forwards - f0 <= alone / 3, (b.forwards - f0, alone)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling with neighbours in the batch
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("strategy", [ChainSpeculative(2), DySpec("heap", budget=6, batch=3)], ids=["chain", "dyspec"])
+def test_sampling_exact_with_neighbours(small_pair, strategy):
+    from test_sampling_exact import PASS_P, T1, exact_first_two, fit
+    gen = Generator(small_pair.target_engine, small_pair.draft_engine, capacity=128, slots=3)
+    prompt = [1, 2, 3, 4, 1, 2, 3]
+    joint = exact_first_two(small_pair.target, prompt, T1)
+    counts = np.zeros((16, 16), dtype=np.int64)
+    n = 1200
+    for i in range(n):
+        h = gen.submit(prompt, strategy=strategy, max_new_tokens=2, sampling=T1, seed=50_000 + i)
+        # neighbours: a sampled and a greedy request of other lengths share every step
+        gen.submit([5, 6, 7, 8, 9][: 1 + i % 5], strategy="ngram", max_new_tokens=3, sampling=T1, seed=i)
+        gen.submit([9, 8, 7][: 1 + i % 3], strategy="staged", max_new_tokens=2)
+        counts[tuple(h.result(timeout=60).token_ids)] += 1
+    p_first, p_joint = fit(counts, joint)
+    print(f"[pvalue] batched {strategy.name}: first {p_first:.3g} joint {p_joint:.3g}")
+    assert p_first > PASS_P and p_joint > PASS_P
+    assert gen.scheduler.iterations < 3 * n, "the neighbours did not share steps"
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrency, cancellation, deadlines
+# ---------------------------------------------------------------------------------------------
+
+def test_threads_submit_and_cancel(pair):
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    rng = random.Random(11)
+    jobs = [([rng.randint(1, 400) for _ in range(rng.randint(1, 10))], rng.choice(NAMES), rng.randint(4, 24),
+             rng.random() < 0.3) for _ in range(64)]
+    ref = {i: solo(gen, p, n, "ar") for i, (p, _, n, _) in enumerate(jobs)}
+    results: dict[int, object] = {}
+
+    def worker(k: int) -> None:
+        for i in range(k, len(jobs), 16):
+            p, s, n, cancel = jobs[i]
+            h = gen.submit(p, strategy=s, max_new_tokens=n)
+            if cancel:
+                next(iter(h), None)                  # cancel after its first step (or at once)
+                h.cancel()
+            results[i] = h.result(timeout=120)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == len(jobs)
+    for i, r in results.items():
+        if r.finish_reason == "cancelled":
+            assert jobs[i][3] and r.token_ids == ref[i][: len(r.token_ids)]
+        else:
+            assert r.token_ids == ref[i], f"request {i} ({jobs[i][1]}) differs from its solo output"
+    assert any(r.finish_reason == "cancelled" for r in results.values())
+    assert gen.scheduler.busy_slots == 0 and not gen.scheduler.active and not gen.scheduler.waiting
+
+
+def test_cancel_frees_the_slot_within_one_step(pair):
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=400, slots=2)
+    h = gen.submit([1, 2, 3], strategy="staged", max_new_tokens=200)
+    next(h)
+    at = gen.scheduler.iterations
+    h.cancel()
+    r = h.result(timeout=30)
+    assert r.finish_reason == "cancelled" and gen.scheduler.iterations - at <= 1
+    assert 0 < len(r.token_ids) < 200 and gen.scheduler.busy_slots == 0
+
+
+def test_deadline_ends_a_request(pair):
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=256, slots=1)
+    blocker = gen.submit([1, 2, 3], strategy="chain", max_new_tokens=150)
+    late = gen.submit([4, 5, 6], strategy="ar", max_new_tokens=10, timeout=0.0)   # waits for the slot
+    assert late.result(timeout=30).finish_reason == "deadline"
+    assert blocker.result(timeout=60).finish_reason == "length"
+    assert gen.scheduler.busy_slots == 0
+
+
+def test_interleaved_simple_api_streams(pair):
+    gen = pair.generator(capacity=128)
+    for name in NAMES:
+        a_prompt, b_prompt = [3, 17, 99, 250], [7, 7, 8, 9, 100]
+        want_a, want_b = solo(gen, a_prompt, 20, "ar"), solo(gen, b_prompt, 20, "ar")
+        a = gen.iter_tokens(a_prompt, strategy=name, max_new_tokens=20)
+        b = gen.iter_tokens(b_prompt, strategy=name, max_new_tokens=20)
+        got_a, got_b = [], []
+        while True:                              # alternate: one step of a, one step of b
+            x, y = next(a, None), next(b, None)
+            if x is None and y is None:
+                break
+            got_a += x or []
+            got_b += y or []
+        assert (got_a, got_b) == (want_a, want_b), name
+
+
+def test_async_iteration(pair):
+    gen = pair.generator(capacity=128)
+    want = solo(gen, [5, 6, 7], 16, "chain")
+
+    async def consume():
+        h = gen.submit([5, 6, 7], strategy="chain", max_new_tokens=16)
+        return [t async for toks in h for t in toks]
+    assert asyncio.run(consume()) == want
+
+
+def test_a_failing_request_leaves_its_neighbours_alone(pair, monkeypatch):
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    want = solo(gen, [1, 2, 3], 20, "ar")
+
+    class Boom(Exception):
+        pass
+
+    real = STRATEGIES["ngram"].step
+
+    def flaky(self, st):
+        if st.length > 6:
+            raise Boom("a bug in one request")
+        return (yield from real(self, st))
+    monkeypatch.setattr(STRATEGIES["ngram"], "step", flaky)
+    bad = gen.submit([9, 9, 9, 9], strategy="ngram", max_new_tokens=20)
+    good = [gen.submit([1, 2, 3], strategy=s, max_new_tokens=20) for s in ("ar", "chain", "staged")]
+    with pytest.raises(Boom):
+        bad.result(timeout=30)
+    assert [h.result(timeout=30).token_ids for h in good] == [want] * 3
+    assert gen.scheduler.busy_slots == 0
+
+
+def test_queue_limit(pair):
+    from trtspec.runtime.scheduler import QueueFull
+    gen = Generator(pair.target_engine, None, capacity=256, slots=1, max_queue=1)
+    first = gen.submit([1, 2], max_new_tokens=200)
+    next(first)                                  # running: it holds the only slot
+    second = gen.submit([1, 2], max_new_tokens=5)  # waits: the queue is full now
+    with pytest.raises(QueueFull, match="max_queue 1"):
+        gen.submit([1, 2], max_new_tokens=5)
+    first.cancel()
+    assert second.result(timeout=30).finish_reason == "length"
+
+
+# ---------------------------------------------------------------------------------------------
+# No allocation in steady state
+# ---------------------------------------------------------------------------------------------
+
+def storage(gen: Generator) -> dict:
+    out = {f"pool.{r}": p.buf.data_ptr() for r, p in gen.pools.items()}
+    for r, b in gen.batchers.items():
+        for name in ("_mask", "_ids", "_pos", "_rows"):
+            out[f"{r}.{name}"] = getattr(b, name).data_ptr()
+        out[f"{r}.staging"] = (b.engine.staging._past.data_ptr(), b.engine.staging._new.data_ptr())
+    out["seq"] = [s.seq.ctypes.data for s in gen.slots]
+    return out
+
+
+def test_steady_state_allocates_no_step_storage(pair):
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    prompts = [[i, i + 1, i + 2, i + 5] for i in range(1, 9)]
+
+    def wave():
+        hs = [gen.submit(p, strategy=NAMES[i % len(NAMES)], max_new_tokens=24) for i, p in enumerate(prompts)]
+        return [h.result(timeout=60).token_ids for h in hs]
+    first = wave()                                     # warm-up: staging grows to the largest batch
+    before = storage(gen)
+    for _ in range(3):
+        assert wave() == first
+        assert storage(gen) == before

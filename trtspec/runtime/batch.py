@@ -1,0 +1,158 @@
+"""Calls and the Batcher: many requests' model calls as one engine step.
+
+Every model call of every strategy is a `Call`: one request's new tokens, their positions, their
+visibility over the request's own scratch rows and each other (`new_mask`), and the rows that need
+logits. Strategies yield calls (see runner.py); the scheduler collects the calls waiting on one
+model and hands them to that model's `Batcher`, which runs them as one `Engine.step_batch`:
+
+- T (new tokens) is padded to the largest in the batch (then to a token bucket), C (the past) to
+  the longest row's cache (then to a cache bucket), R (logit rows) to the largest.
+- Row b sees its committed prefix, the scratch rows its mask allows, and its own new tokens; pad
+  tokens see only themselves; columns past a row's own cache are stale rows of its slot, masked.
+  Rows never see each other: a neighbour in the batch cannot change a request's logits.
+- The pad tokens' KV rows are written and then dropped (`scratch -= pad`), so each slot is
+  allocated with `headroom` rows beyond its capacity.
+
+One call alone with no bucket to pad to runs at its exact shape. Calls larger than `max_batch_tokens`
+run alone (a prefill chunk padded into a batch of one-token steps would multiply their cost).
+The input buffers are preallocated for the largest batch and reused by every step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..engines.base import Engine
+from ..options import MAX_STEP_TOKENS
+from .kv_cache import KVCache
+
+MAX_BATCH_TOKENS = 64     # calls with more new tokens than this run alone
+
+
+def bucket(n: int, sizes: list[int] | None) -> int:
+    """Smallest bucket >= n (n itself when bucketing is off or n is beyond the largest bucket)."""
+    if not sizes:
+        return n
+    return next((b for b in sizes if b >= n), n)
+
+
+@dataclass
+class Call:
+    """One request's model call, waiting to be run (possibly with other requests' calls)."""
+    batcher: "Batcher"
+    cache: KVCache
+    tokens: torch.Tensor        # [T] int64
+    positions: torch.Tensor     # [T] int64
+    new_mask: torch.Tensor      # [T, scratch + T] bool: visibility over the scratch rows, then the new ones
+    rows: torch.Tensor | None   # [R] logit rows (None: all T)
+    phase: str = "step"         # "prefill" or "step" (only for timing)
+
+    @property
+    def t(self) -> int:
+        return self.tokens.shape[0]
+
+    @property
+    def r(self) -> int:
+        return self.t if self.rows is None else self.rows.shape[0]
+
+
+class Batcher:
+    """Runs calls on one engine, alone or batched; owns the (reused) batch input buffers."""
+
+    def __init__(self, engine: Engine, buckets: dict[str, list[int]] | None = None, max_batch: int = 8,
+                 capacity: int = 2048, max_batch_tokens: int = MAX_BATCH_TOKENS):
+        self.engine = engine
+        self.token_buckets = sorted((buckets or {}).get("tokens") or [])
+        self.cache_buckets = sorted((buckets or {}).get("cache") or [])
+        self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
+        self.forwards = 0
+        self.rows = 0                               # batch rows over all forwards (mean batch size)
+        # Forward timing, for bench: seconds and engine steps per phase (a batch of only prefill
+        # calls is "prefill"). With `timed` on a GPU each step syncs the device, so it is off by default.
+        self.timed = False
+        self.seconds = {"prefill": 0.0, "step": 0.0}
+        self.steps = {"prefill": 0, "step": 0}
+        t_max = max(MAX_STEP_TOKENS, max(self.token_buckets, default=0))
+        self.headroom = max(max_batch_tokens, max(self.token_buckets, default=0))
+        width = bucket(capacity + self.headroom, self.cache_buckets) + t_max
+        cells = max(max_batch * bucket(max_batch_tokens, self.token_buckets), t_max)
+        dev = engine.device
+        self._mask = torch.zeros(cells * width, dtype=torch.bool, device=dev)
+        self._ids = torch.zeros(cells, dtype=torch.int64, device=dev)
+        self._pos = torch.zeros(cells, dtype=torch.int64, device=dev)
+        self._rows = torch.zeros(cells, dtype=torch.int64, device=dev)
+        self._iota = torch.arange(t_max, dtype=torch.int64, device=dev)
+
+    def groups(self, calls: list[Call]) -> list[list[Call]]:
+        """How `calls` are run: small calls together (up to max_batch a step), large ones alone."""
+        small = [c for c in calls if c.t <= self.max_batch_tokens]
+        out = [[c] for c in calls if c.t > self.max_batch_tokens]
+        out += [small[i:i + self.max_batch] for i in range(0, len(small), self.max_batch)]
+        return out
+
+    @torch.inference_mode()
+    def run(self, calls: list[Call]) -> list[torch.Tensor]:
+        """One engine step over `calls` (rows in order); logits [R_b, V] for each call."""
+        self.forwards += 1
+        b = len(calls)
+        self.rows += b
+        caches = [c.cache for c in calls]
+        t_real = max(c.t for c in calls)
+        t = bucket(t_real, self.token_buckets)
+        c_real = max(c.cache.used for c in calls)
+        past = bucket(c_real, self.cache_buckets) if self.cache_buckets else c_real
+        r = max(c.r for c in calls)
+        if r > 1 and t > t_real:
+            r = t                                   # logit rows are static per token bucket
+        exact = b == 1 and t == t_real and past == c_real
+        ids = self._ids[: b * t].view(b, t)
+        pos = self._pos[: b * t].view(b, t)
+        rows = self._rows[: b * r].view(b, r)
+        mask = self._mask[: b * t * (past + t)].view(b, t, past + t)
+        if exact:
+            call, cache = calls[0], calls[0].cache
+            mask[0, :, : cache.length] = True
+            mask[0, :, cache.length:] = call.new_mask
+            ids[0].copy_(call.tokens)
+            pos[0].copy_(call.positions)
+            rows[0].copy_(call.rows if call.rows is not None else self._iota[:t])
+        else:
+            mask.zero_()
+            ids.zero_()
+            rows.zero_()
+            for i, call in enumerate(calls):
+                cache, n = call.cache, call.t
+                mask[i, :n, : cache.length] = True
+                mask[i, :n, cache.length: cache.used] = call.new_mask[:, : cache.scratch]
+                mask[i, :n, past: past + n] = call.new_mask[:, cache.scratch:]
+                pad = self._iota[n:t]
+                mask[i, pad, past + pad] = True     # pad tokens see only themselves
+                ids[i, :n] = call.tokens
+                pos[i, :n] = call.positions
+                pos[i, n:] = call.positions[-1]
+                rows[i, : call.r] = call.rows if call.rows is not None else self._iota[:n]
+        if self.timed:
+            logits = self._timed_step("prefill" if all(c.phase == "prefill" for c in calls) else "step",
+                                      caches, ids, pos, mask, rows)
+        else:
+            logits = self.engine.step_batch(caches, ids, pos, mask, rows)
+        out = []
+        for i, call in enumerate(calls):
+            call.cache.scratch -= t - call.t        # keep only the real rows
+            out.append(logits[i, : call.r])
+        return out
+
+    def _timed_step(self, phase: str, *args) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.engine.step_batch(*args)
+        if str(self.engine.device).startswith("cuda"):
+            torch.cuda.synchronize()
+        self.seconds[phase] += time.perf_counter() - t0
+        self.steps[phase] += 1
+        return logits
+
+    def reset_timing(self) -> None:
+        self.seconds = {"prefill": 0.0, "step": 0.0}
+        self.steps = {"prefill": 0, "step": 0}

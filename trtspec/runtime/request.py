@@ -1,0 +1,188 @@
+"""A request and its handle: everything one generation owns, and how its caller follows it.
+
+`Request` is the per-request state: its slot (KV rows of the target and draft, token buffer), its
+strategy, sampling settings and RNG, the tokens it emitted and its result. Nothing of it lives on a
+shared object. Its `lifecycle` is one coroutine of model calls (prefill, then strategy steps until
+a stop token or `max_new_tokens`), advanced by the scheduler.
+
+`Handle` is what `Generator.submit` returns, safe to use from any thread: iterate it (or `async for`)
+for the tokens of each step, `cancel()` it, or wait for `result()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .batch import Call
+from .decode import DecodeState, StepStats
+from .runner import Calls, ModelRunner
+from .sampling import SamplingParams
+from .strategies import Strategy
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]                 # new tokens only
+    stats: dict = field(default_factory=dict)
+    steps: list[StepStats] = field(default_factory=list)
+    finish_reason: str = "length"        # stop | length | cancelled | deadline
+
+
+@dataclass
+class Slot:
+    """Preallocated per-request resources, handed to one request at a time."""
+    index: int
+    target: ModelRunner
+    draft: ModelRunner | None
+    seq: np.ndarray                      # token buffer: prompt + output
+
+    def reset(self) -> None:
+        for r in (self.target, self.draft):
+            if r is not None:
+                r.reset()
+
+
+class Handle:
+    """A submitted request, seen from its caller (any thread)."""
+
+    def __init__(self, request_id: int):
+        self.id = request_id
+        self._events: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self.cancelled = False
+
+    # -- written by the scheduler thread ---------------------------------------------------------
+    def _tokens(self, toks: list[int]) -> None:
+        self._events.put(toks)
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+        self._events.put(None)
+
+    # -- for the caller --------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop the request; its slot is freed before the scheduler's next model call."""
+        self.cancelled = True
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def __iter__(self) -> "Handle":
+        return self
+
+    def _get(self) -> list[int] | None:
+        """The next step's tokens, or None at the end (raising the request's error, if any)."""
+        item = self._events.get()
+        if item is None:
+            self._events.put(None)               # later calls end too
+            if self._error is not None:
+                raise self._error
+        return item
+
+    def __next__(self) -> list[int]:
+        item = self._get()
+        if item is None:
+            raise StopIteration
+        return item
+
+    def __aiter__(self) -> "Handle":
+        return self
+
+    async def __anext__(self) -> list[int]:
+        item = await asyncio.to_thread(self._get)    # (StopIteration cannot cross a Future)
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    strategy: Strategy
+    max_new_tokens: int
+    sampling: SamplingParams
+    seed: int
+    stop_ids: frozenset[int]
+    record_trees: bool = False
+    deadline: float | None = None        # time.monotonic() after which the request is ended
+    id: int = field(default_factory=lambda: next(_ids))
+    handle: Handle = field(init=False)
+    slot: Slot | None = None
+    coro: Calls | None = None
+    call: Call | None = None             # the model call it waits on
+    out: list[int] = field(default_factory=list)
+    state: DecodeState | None = None
+    t0: float = 0.0
+    prefill_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.handle = Handle(self.id)
+
+    def lifecycle(self) -> Calls:
+        """Prefill, then strategy steps until a stop token or max_new_tokens (runs in its slot)."""
+        slot, strat = self.slot, self.strategy
+        slot.reset()
+        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling,
+                         torch.Generator().manual_seed(self.seed), slot.seq, 0, record_trees=self.record_trees)
+        self.state = st
+        st.append(list(self.prompt))
+        self.t0 = time.perf_counter()
+        # Invariant: each cache holds seq[:-1]; the last token is the root of the next tree.
+        yield from st.target.prefill(list(self.prompt[:-1]))
+        if st.draft is not None:
+            yield from st.draft.prefill(list(self.prompt[:-1]))
+        self.prefill_s = time.perf_counter() - self.t0
+        finish = "length"
+        while len(self.out) < self.max_new_tokens:
+            emitted = (yield from strat.step(st))[: self.max_new_tokens - len(self.out)]
+            stop_at = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
+            if stop_at is not None:
+                emitted = emitted[: stop_at + 1]
+            st.append(emitted)
+            self.out += emitted
+            self.handle._tokens(emitted)
+            if stop_at is not None:
+                finish = "stop"
+                break
+        return self.result(finish)
+
+    def result(self, finish: str) -> GenerationResult:
+        steps = self.state.steps if self.state is not None else []
+        seconds = time.perf_counter() - self.t0 if self.t0 else 0.0
+        return GenerationResult(list(self.out), stats(self.out, steps, seconds, self.prefill_s), steps, finish)
+
+
+def stats(out: list[int], steps: list[StepStats], seconds: float, prefill_s: float) -> dict:
+    n = len(steps)
+    return {
+        "new_tokens": len(out),
+        "seconds": seconds,
+        "tokens_per_s": len(out) / seconds if seconds > 0 else 0.0,
+        "target_steps": n,
+        "mean_accepted": (len(out) / n) if n else 0.0,   # tokens emitted per target step
+        "draft_seconds": sum(s.draft_seconds for s in steps),
+        "verify_seconds": sum(s.verify_seconds for s in steps),
+        "prefill_seconds": prefill_s,
+        "draft_forwards": sum(s.draft_forwards for s in steps),
+        "mean_tree_size": (sum(s.tree_size for s in steps) / n) if n else 0.0,
+    }

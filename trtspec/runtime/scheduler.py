@@ -1,0 +1,175 @@
+"""Scheduler: continuous batching of many requests over one target (and draft) model.
+
+One thread, the only one that touches engines and KV, runs iterations:
+
+    admit waiting requests into free slots (a request owns its slot until it ends)
+    draft phase:  while any request waits on a draft call: run all of them as batched draft steps
+    target phase: run every request's target call (prefill chunk, or its tree) as batched steps
+    end cancelled / expired / finished requests and free their slots at once
+
+Requests advance as coroutines of model calls (runner.py): each waits on exactly one call at a
+time, so a phase is "collect the calls waiting on this model, run them, send each its logits".
+Requests of one batch may use different strategies and sampling settings; a request joins at the
+next iteration after it is submitted and leaves the moment it ends. `submit` is thread-safe.
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from collections import deque
+
+from ..errors import RequestError
+from .batch import Batcher
+from .request import Request, Slot
+
+
+LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
+_running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_running() -> None:
+    """At interpreter exit, end requests still running (a thread killed inside a model call aborts)."""
+    for s in list(_running):
+        s.close()
+
+
+class QueueFull(RequestError):
+    """More requests are waiting than `max_queue` allows."""
+
+
+class Scheduler:
+    def __init__(self, slots: list[Slot], target: Batcher, draft: Batcher | None = None,
+                 max_queue: int | None = None):
+        self.slots = slots
+        self.target, self.draft = target, draft
+        self.max_queue = max_queue
+        self.free: list[Slot] = list(reversed(slots))
+        self.waiting: deque[Request] = deque()
+        self.active: list[Request] = []
+        self.iterations = 0
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- any thread --------------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        with self._cv:
+            if self._closed:
+                raise RequestError("this generator is closed")
+            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queue {self.max_queue})")
+            self.waiting.append(req)
+            self._cv.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="trtspec-scheduler", daemon=True)
+                self._thread.start()
+                _running.add(self)
+
+    def close(self) -> None:
+        """Cancel everything and stop the thread."""
+        with self._cv:
+            self._closed = True
+            for req in list(self.waiting) + self.active:
+                req.handle.cancel()
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    @property
+    def busy_slots(self) -> int:
+        return len(self.slots) - len(self.free)
+
+    # -- the scheduler thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        """Runs while there is work (and LINGER seconds after, for back-to-back requests); an idle
+        scheduler holds no thread (`submit` starts one)."""
+        while True:
+            with self._cv:
+                if not (self.waiting or self.active or self._closed):
+                    self._cv.wait(LINGER)
+                if not (self.waiting or self.active):
+                    self._thread = None
+                    return
+                self._admit()
+            self.iteration()
+
+    def _admit(self) -> None:
+        while self.waiting and self.free:
+            req = self.waiting.popleft()
+            if req.handle.cancelled:
+                req.handle._finish(req.result("cancelled"))
+                continue
+            req.slot = self.free.pop()
+            req.coro = req.lifecycle()
+            self.active.append(req)
+            self._advance(req, None)
+
+    def iteration(self) -> None:
+        """One round: every active request's draft calls, then one target phase."""
+        self.iterations += 1
+        self._reap()
+        if self.draft is not None:
+            while calls := [r for r in self.active if r.call is not None and r.call.batcher is self.draft]:
+                self._run(self.draft, calls)
+                self._reap()
+        calls = [r for r in self.active if r.call is not None and r.call.batcher is self.target]
+        if calls:
+            self._run(self.target, calls)
+        self._reap()
+        with self._cv:
+            if self.waiting and self.free:
+                self._admit()
+
+    def _run(self, batcher: Batcher, reqs: list[Request]) -> None:
+        by_call = {id(r.call): r for r in reqs}
+        for group in batcher.groups([r.call for r in reqs]):
+            members = [by_call[id(c)] for c in group]
+            try:
+                logits = batcher.run(group)
+            except Exception as e:                   # noqa: BLE001 - fail these requests, serve the rest
+                for req in members:
+                    self._end(req, error=e)
+                continue
+            for req, x in zip(members, logits):
+                self._advance(req, x)
+
+    def _advance(self, req: Request, logits) -> None:
+        """Send a request its call's logits (None: start it); it runs to its next call or its end."""
+        try:
+            req.call = next(req.coro) if logits is None else req.coro.send(logits)
+        except StopIteration as done:
+            req.call = None
+            self._end(req, result=done.value)
+        except Exception as e:                       # noqa: BLE001 - a request's error is its own
+            req.call = None
+            self._end(req, error=e)
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        with self._cv:
+            gone = [r for r in self.waiting if r.handle.cancelled or (r.deadline is not None and now > r.deadline)]
+            for req in gone:
+                self.waiting.remove(req)
+        for req in gone:
+            req.handle._finish(req.result("cancelled" if req.handle.cancelled else "deadline"))
+        for req in list(self.active):
+            if req.handle.cancelled:
+                self._end(req, result=req.result("cancelled"))
+            elif req.deadline is not None and now > req.deadline:
+                self._end(req, result=req.result("deadline"))
+
+    def _end(self, req: Request, result=None, error: BaseException | None = None) -> None:
+        if req not in self.active:
+            return
+        self.active.remove(req)
+        if req.coro is not None:
+            req.coro.close()
+        req.slot.reset()
+        with self._cv:
+            self.free.append(req.slot)
+        req.slot = None
+        req.handle._finish(result, error)
