@@ -346,3 +346,41 @@ def test_steady_state_allocates_no_step_storage(pair):
     for _ in range(3):
         assert wave() == first
         assert storage(gen) == before
+
+
+def test_generators_sharing_engines_do_not_mix(pair):
+    """Two Generators (two scheduler threads) over the same engine objects: each request still gets
+    exactly its solo output (the engines' step state is used by one step at a time)."""
+    g1 = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    g2 = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    jobs = [([i + 1, i + 7, 3 * i + 2], NAMES[i % len(NAMES)]) for i in range(16)]
+    ref = [solo(g1, p, 20, "ar") for p, _ in jobs]
+    handles = [(g1 if i % 2 else g2).submit(p, strategy=s, max_new_tokens=20) for i, (p, s) in enumerate(jobs)]
+    assert [h.result(timeout=120).token_ids for h in handles] == ref
+
+
+def test_a_bad_token_id_is_refused_at_submit(pair):
+    gen = pair.generator(capacity=64)
+    from trtspec.errors import RequestError
+    with pytest.raises(RequestError, match="token id 999 is outside the model's vocabulary"):
+        gen.submit([1, 2, 999], max_new_tokens=4)
+
+
+def test_a_failing_call_in_a_batch_fails_only_its_request(pair, monkeypatch):
+    """An engine error in a batched step: the batch is re-run call by call, and only the request
+    whose call raises fails."""
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    want = solo(gen, [1, 2, 3], 12, "ar")
+    real = type(pair.target_engine).step_batch
+
+    def picky(self, caches, input_ids, *rest):
+        if bool((input_ids == 77).any()):
+            raise RuntimeError("the engine refuses token 77")
+        return real(self, caches, input_ids, *rest)
+    monkeypatch.setattr(type(pair.target_engine), "step_batch", picky)
+    bad = gen.submit([77, 5, 6], strategy="ar", max_new_tokens=12)
+    good = [gen.submit([1, 2, 3], strategy=s, max_new_tokens=12) for s in ("ar", "ngram", "chain")]
+    with pytest.raises(RuntimeError, match="token 77"):
+        bad.result(timeout=30)
+    assert [h.result(timeout=30).token_ids for h in good] == [want] * 3
+    assert gen.scheduler.busy_slots == 0

@@ -145,7 +145,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     room = room_for(len(ids), strat, cfg.max_seq_len)
     limit = max_new_tokens or (max(1, min(CHAT_MAX_NEW_TOKENS, room)) if chat else PLAIN_MAX_NEW_TOKENS)
     check_capacity(len(ids), limit, strat, cfg.max_seq_len)
-    gen = load_generator(folder, threads=threads, opened=opened, tokenizer=tok)
+    gen = load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1)   # one request
     kwargs = dict(strategy=name, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
     if as_json:
         result = gen.generate(ids, **kwargs)

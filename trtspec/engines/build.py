@@ -27,6 +27,7 @@ from ..config import DTYPES, Config
 from ..export.contract import io_spec
 from ..export.model import Decoder
 from ..export.sources import load_model, load_tokenizer_for
+from ..runtime.batch import MAX_BATCH_TOKENS
 from .manifest import EngineError, write_manifest
 from .tensorrt_build import build_plan, tensorrt_unavailable_reason
 
@@ -132,7 +133,9 @@ def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, 
         arts[f"ort_{dt}"] = f"{role}/{opt.name}"
     if plans:
         plan = folder / f"model.{dt}.plan"
-        build_plan(path, plan, model.spec, cfg.max_seq_len, PREFILL_CHUNK, max_step_tokens=128)
+        # Batched steps pad the past to the longest row and T to the batch's: allow that headroom.
+        build_plan(path, plan, model.spec, cfg.max_seq_len + MAX_BATCH_TOKENS, PREFILL_CHUNK, max_step_tokens=128,
+                   max_batch=max(8, cfg.slots))
         arts[f"plan_{dt}"] = f"{role}/{plan.name}"
     return arts
 

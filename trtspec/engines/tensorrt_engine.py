@@ -47,6 +47,8 @@ class TrtEngine(Engine):
         self.kv_dtype = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
                          trt.DataType.BF16: torch.bfloat16}[kv]
         self.cuda_graphs, self.max_step_tokens = cuda_graphs, max_step_tokens
+        # Rows per step the decode/verify profile was built for; the Batcher caps its batches here.
+        self.max_batch = int(self.engine.get_tensor_profile_shape("input_ids", STEP_PROFILE)[2][0])
         self.buckets: dict[tuple, StagedBucket] = {}
 
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
@@ -62,7 +64,7 @@ class TrtEngine(Engine):
             if g.graph is not None:
                 g.graph.replay()
             else:
-                ctx = self.contexts[PREFILL_PROFILE if t > self.max_step_tokens else STEP_PROFILE]
+                ctx = self.contexts[PREFILL_PROFILE if b == 1 and t > self.max_step_tokens else STEP_PROFILE]
                 self._bind(ctx, g)                               # buckets share a profile's context
                 if not ctx.execute_async_v3(self.stream.cuda_stream):
                     raise RuntimeError(f"TensorRT execute_async_v3 failed for step shape B={b}, T={t}, C+T={total}")
@@ -76,12 +78,17 @@ class TrtEngine(Engine):
         return g.logits
 
     def _bind(self, ctx, g: StagedBucket) -> None:
+        def shape(name: str, x: torch.Tensor) -> None:
+            if not ctx.set_input_shape(name, tuple(x.shape)):
+                raise RuntimeError(f"TensorRT plan has no profile for {name} of shape {tuple(x.shape)}; "
+                                   "rebuild with a larger max_seq_len / slots, or use smaller buckets")
+
         for name, x in g.inputs.items():
-            ctx.set_input_shape(name, tuple(x.shape))
+            shape(name, x)
             ctx.set_tensor_address(name, x.data_ptr())
         for k in range(2 * self.spec.num_layers):
             kind, layer = ("key", "value")[k % 2], k // 2
-            ctx.set_input_shape(f"past_{kind}.{layer}", tuple(g.past[k].shape))
+            shape(f"past_{kind}.{layer}", g.past[k])
             ctx.set_tensor_address(f"past_{kind}.{layer}", g.past[k].data_ptr())
             ctx.set_tensor_address(f"new_{kind}.{layer}", g.new_kv[k].data_ptr())
         ctx.set_tensor_address("logits", g.logits.data_ptr())

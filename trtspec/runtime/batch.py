@@ -19,7 +19,9 @@ The input buffers are preallocated for the largest batch and reused by every ste
 """
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +31,15 @@ from ..options import MAX_STEP_TOKENS
 from .kv_cache import KVCache
 
 MAX_BATCH_TOKENS = 64     # calls with more new tokens than this run alone
+# One lock per engine object: engines own step state (IO bindings, staging, logits buffers), so two
+# Generators (two scheduler threads) over the same engine must take turns.
+_ENGINE_LOCKS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = threading.Lock()
+
+
+def engine_lock(engine: Engine) -> threading.Lock:
+    with _LOCKS_LOCK:
+        return _ENGINE_LOCKS.setdefault(engine, threading.Lock())
 
 
 def bucket(n: int, sizes: list[int] | None) -> int:
@@ -64,9 +75,12 @@ class Batcher:
     def __init__(self, engine: Engine, buckets: dict[str, list[int]] | None = None, max_batch: int = 8,
                  capacity: int = 2048, max_batch_tokens: int = MAX_BATCH_TOKENS):
         self.engine = engine
+        self.lock = engine_lock(engine)
         self.token_buckets = sorted((buckets or {}).get("tokens") or [])
         self.cache_buckets = sorted((buckets or {}).get("cache") or [])
-        self.max_batch, self.max_batch_tokens = max_batch, max_batch_tokens
+        # An engine built for at most N rows per step (a TensorRT plan's profile) caps the batch.
+        self.max_batch = min(max_batch, getattr(engine, "max_batch", max_batch))
+        self.max_batch_tokens = max_batch_tokens
         self.forwards = 0
         self.rows = 0                               # batch rows over all forwards (mean batch size)
         # Forward timing, for bench: seconds and engine steps per phase (a batch of only prefill
@@ -94,7 +108,12 @@ class Batcher:
 
     @torch.inference_mode()
     def run(self, calls: list[Call]) -> list[torch.Tensor]:
-        """One engine step over `calls` (rows in order); logits [R_b, V] for each call."""
+        """One engine step over `calls` (rows in order); logits [R_b, V] for each call (copies, so
+        they outlive the engine's buffers)."""
+        with self.lock:
+            return self._run(calls)
+
+    def _run(self, calls: list[Call]) -> list[torch.Tensor]:
         self.forwards += 1
         b = len(calls)
         self.rows += b
@@ -141,7 +160,7 @@ class Batcher:
         out = []
         for i, call in enumerate(calls):
             call.cache.scratch -= t - call.t        # keep only the real rows
-            out.append(logits[i, : call.r])
+            out.append(logits[i, : call.r].clone())
         return out
 
     def _timed_step(self, phase: str, *args) -> torch.Tensor:

@@ -79,6 +79,10 @@ class Generator:
         strat = self.strategy(strategy)
         if not prompt_ids:
             raise RequestError("the prompt is empty: give at least one token")
+        vocab = self.target_engine.spec.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the model's vocabulary (0..{vocab - 1})")
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_capacity(len(prompt_ids), max_new_tokens, strat, self.capacity)

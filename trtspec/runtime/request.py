@@ -5,8 +5,9 @@ strategy, sampling settings and RNG, the tokens it emitted and its result. Nothi
 shared object. Its `lifecycle` is one coroutine of model calls (prefill, then strategy steps until
 a stop token or `max_new_tokens`), advanced by the scheduler.
 
-`Handle` is what `Generator.submit` returns, safe to use from any thread: iterate it (or `async for`)
-for the tokens of each step, `cancel()` it, or wait for `result()`.
+`Handle` is what `Generator.submit` returns, safe to use from any thread: iterate it (or `async for`,
+in one event loop) for the tokens of each step, `cancel()` it, or wait for `result()`. Leaving a
+loop early does not cancel the request: call `cancel()` (Generator.iter_tokens does).
 """
 from __future__ import annotations
 
@@ -56,20 +57,30 @@ class Handle:
 
     def __init__(self, request_id: int):
         self.id = request_id
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.Queue = queue.Queue()        # for `for` (any thread)
+        self._lock = threading.Lock()
+        self._aqueue: asyncio.Queue | None = None         # for `async for`, bound to its event loop
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._done = threading.Event()
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancelled = False
 
     # -- written by the scheduler thread ---------------------------------------------------------
+    def _push(self, item: list[int] | None) -> None:
+        with self._lock:
+            if self._aqueue is None:
+                self._events.put(item)
+            else:
+                self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
+
     def _tokens(self, toks: list[int]) -> None:
-        self._events.put(toks)
+        self._push(toks)
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
         self._done.set()
-        self._events.put(None)
+        self._push(None)
 
     # -- for the caller --------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -109,8 +120,16 @@ class Handle:
         return self
 
     async def __anext__(self) -> list[int]:
-        item = await asyncio.to_thread(self._get)    # (StopIteration cannot cross a Future)
+        if self._aqueue is None:                     # first use: move to an asyncio queue
+            with self._lock:
+                self._loop, self._aqueue = asyncio.get_running_loop(), asyncio.Queue()
+                while not self._events.empty():
+                    self._aqueue.put_nowait(self._events.get_nowait())
+        item = await self._aqueue.get()
         if item is None:
+            self._aqueue.put_nowait(None)            # later calls end too
+            if self._error is not None:
+                raise self._error
             raise StopAsyncIteration
         return item
 

@@ -87,15 +87,28 @@ class Scheduler:
     def _loop(self) -> None:
         """Runs while there is work (and LINGER seconds after, for back-to-back requests); an idle
         scheduler holds no thread (`submit` starts one)."""
-        while True:
-            with self._cv:
-                if not (self.waiting or self.active or self._closed):
-                    self._cv.wait(LINGER)
-                if not (self.waiting or self.active):
-                    self._thread = None
-                    return
-                self._admit()
-            self.iteration()
+        try:
+            while True:
+                with self._cv:
+                    if not (self.waiting or self.active or self._closed):
+                        self._cv.wait(LINGER)
+                    if not (self.waiting or self.active):
+                        self._thread = None
+                        return
+                    self._admit()
+                self.iteration()
+        except BaseException as e:                   # a bug here must not leave handles waiting forever
+            self._fail_all(e)
+            raise
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            waiting, self.waiting = list(self.waiting), deque()
+            self._thread = None
+        for req in list(self.active):
+            self._end(req, error=error)
+        for req in waiting:
+            req.handle._finish(None, error)
 
     def _admit(self) -> None:
         while self.waiting and self.free:
@@ -125,17 +138,30 @@ class Scheduler:
                 self._admit()
 
     def _run(self, batcher: Batcher, reqs: list[Request]) -> None:
+        """Run the requests' calls on `batcher` (batched by its groups) and advance each request.
+        A batch that raises is re-run call by call, so only the request that caused it fails."""
         by_call = {id(r.call): r for r in reqs}
         for group in batcher.groups([r.call for r in reqs]):
             members = [by_call[id(c)] for c in group]
+            marks = [(c.cache.length, c.cache.scratch) for c in group]
             try:
                 logits = batcher.run(group)
-            except Exception as e:                   # noqa: BLE001 - fail these requests, serve the rest
-                for req in members:
-                    self._end(req, error=e)
-                continue
+            except Exception as e:                   # noqa: BLE001 - find whose call it was
+                if len(group) == 1:
+                    self._end(members[0], error=e)
+                    continue
+                for call, (length, scratch) in zip(group, marks):
+                    call.cache.length, call.cache.scratch = length, scratch
+                logits = []
+                for req, call in zip(members, group):   # alone, so only the culprit fails
+                    try:
+                        logits.append(batcher.run([call])[0])
+                    except Exception as e:           # noqa: BLE001 - a request's error is its own
+                        logits.append(None)
+                        self._end(req, error=e)
             for req, x in zip(members, logits):
-                self._advance(req, x)
+                if x is not None:
+                    self._advance(req, x)
 
     def _advance(self, req: Request, logits) -> None:
         """Send a request its call's logits (None: start it); it runs to its next call or its end."""

@@ -199,7 +199,8 @@ class Bench:
                  backend: str | None = None, threads: int | None = None, config=None):
         from ..engines.load import load_generator
         self.opts = opts
-        self.gen = load_generator(folder, backend=backend, threads=threads, config=config)
+        # Requests run one after another here: one slot, so peak memory compares with the HF peers.
+        self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1)
         if strategy_options is not None:
             self.gen.strategy_options = strategy_options
         self.stop_ids = sorted(self.gen.stop_ids)

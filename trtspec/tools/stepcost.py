@@ -56,7 +56,7 @@ def main(engines_dir, role, tokens, cached, threads, backend):
         raise click.BadParameter(f"step sizes must be in 1..{MAX_STEP_TOKENS}", param_hint="--tokens")
     torch.set_num_threads(threads)
     try:
-        gen = load_generator(engines_dir, backend=backend, threads=threads)
+        gen = load_generator(engines_dir, backend=backend, threads=threads, slots=1)
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
     slot = gen.slots[0]                       # the generator is idle: its first slot is free
