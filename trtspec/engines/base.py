@@ -8,8 +8,8 @@ request with its own KV slot:
 
 Row b reads the first C = attn_mask.shape[2] - T rows of `caches[b]` (rows past its `used` are
 stale and must be masked by the caller), writes its T new keys/values at `caches[b].used` and
-advances that cache by T. The returned float32 logits may be a view of an engine-owned buffer:
-read them before the next step. `step` is the one-row form of the same call.
+advances that cache by T. The returned float32 logits may be a view of an engine-owned buffer
+(`logits_in_own_buffer`): read them before the next step. `step` is the one-row form of the call.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Engine(ABC):
     spec: ModelSpec
     kv_dtype: torch.dtype
     device: str = "cpu"
+    logits_in_own_buffer = False     # True: step returns a view of a buffer the next step overwrites
 
     def new_pool(self, slots: int, capacity: int) -> KVPool:
         return KVPool(self.spec, slots, capacity, self.kv_dtype, self.device)

@@ -28,6 +28,7 @@ log = logging.getLogger("trtspec.graphs")
 
 class GraphedTorchEngine(TorchEngine):
     name = "torch-graphs"
+    logits_in_own_buffer = True
 
     def __init__(self, model: Decoder, device: str = "cuda", warmup: int = 2):
         super().__init__(model, device)

@@ -28,6 +28,7 @@ _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.
 
 class OrtCudaGraphEngine(Engine):
     name = "onnxruntime-cuda"
+    logits_in_own_buffer = True
 
     def __init__(self, onnx_path: str | os.PathLike, spec: ModelSpec, kv_dtype: torch.dtype, device_id: int = 0):
         import onnxruntime as ort

@@ -30,6 +30,7 @@ _SMALL_INPUTS = (("input_ids", torch.int64), ("position_ids", torch.int64),
 
 class OrtEngine(Engine):
     name = "onnxruntime"
+    logits_in_own_buffer = True
 
     def __init__(self, onnx_path: str | os.PathLike, spec: ModelSpec, providers: list | None = None,
                  intra_op_threads: int | None = None, max_logit_rows: int = 64, allow_spinning: bool = False):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..export.spec import ModelSpec
-from ..runtime.kv_cache import KVCache
+from ..runtime.kv_cache import KVCache, gather_past, scatter_new
 
 INPUTS = ("input_ids", "position_ids", "attn_mask", "logit_rows")
 
@@ -45,15 +45,10 @@ class StagedBucket:
     def load(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> None:
         for name, x in zip(INPUTS, (input_ids, position_ids, attn_mask, logit_rows)):
             self.inputs[name].copy_(x, non_blocking=True)
-        c = self.past.shape[2]
-        for b, cache in enumerate(caches):
-            self.past[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1), non_blocking=True)
+        gather_past(caches, self.past)
 
     def scatter_new_kv(self, caches: list[KVCache]) -> None:
-        t = self.new_kv.shape[2]
-        for b, cache in enumerate(caches):
-            u = cache.used
-            cache.buf[:, :, u:u + t].copy_(self.new_kv[:, b].unflatten(0, (cache.spec.num_layers, 2)))
+        scatter_new(caches, self.new_kv)
 
 
 def after_inputs(stream: "torch.cuda.Stream | None" = None) -> None:

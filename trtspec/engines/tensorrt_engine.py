@@ -28,6 +28,7 @@ PREFILL_PROFILE, STEP_PROFILE = 0, 1        # as built by tensorrt_build.build_p
 
 class TrtEngine(Engine):
     name = "tensorrt"
+    logits_in_own_buffer = True
 
     def __init__(self, plan_path: str | Path, spec: ModelSpec, cuda_graphs: bool = True, max_step_tokens: int = 128):
         import tensorrt as trt

@@ -108,8 +108,8 @@ class Batcher:
 
     @torch.inference_mode()
     def run(self, calls: list[Call]) -> list[torch.Tensor]:
-        """One engine step over `calls` (rows in order); logits [R_b, V] for each call (copies, so
-        they outlive the engine's buffers)."""
+        """One engine step over `calls` (rows in order); logits [R_b, V] for each call (copied out of
+        an engine-owned buffer, so they outlive the next step)."""
         with self.lock:
             return self._run(calls)
 
@@ -160,7 +160,8 @@ class Batcher:
         out = []
         for i, call in enumerate(calls):
             call.cache.scratch -= t - call.t        # keep only the real rows
-            out.append(logits[i, : call.r].clone())
+            x = logits[i, : call.r]
+            out.append(x.clone() if self.engine.logits_in_own_buffer else x)
         return out
 
     def _timed_step(self, phase: str, *args) -> torch.Tensor:

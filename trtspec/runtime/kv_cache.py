@@ -114,16 +114,26 @@ class BatchStaging:
         return buf[:n].view(shape)
 
     def past(self, caches: list[KVCache], c: int) -> torch.Tensor:
-        out = self._view("_past", len(caches), c)
-        for b, cache in enumerate(caches):
-            out[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1))
-        return out
+        return gather_past(caches, self._view("_past", len(caches), c))
 
     def new(self, b: int, t: int) -> torch.Tensor:
         return self._view("_new", b, t)
 
     def scatter(self, caches: list[KVCache], new: torch.Tensor) -> None:
-        t = new.shape[2]
-        for b, cache in enumerate(caches):
-            u = cache.used
-            cache.buf[:, :, u:u + t].copy_(new[:, b].unflatten(0, (self.spec.num_layers, 2)))
+        scatter_new(caches, new)
+
+
+def gather_past(caches: list[KVCache], out: torch.Tensor) -> torch.Tensor:
+    """Copy rows [0, C) of each row's slot into out[2L, B, C, Hkv, D] (C = out.shape[2])."""
+    c = out.shape[2]
+    for b, cache in enumerate(caches):
+        out[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1), non_blocking=True)
+    return out
+
+
+def scatter_new(caches: list[KVCache], new: torch.Tensor) -> None:
+    """Copy row b's new keys/values new[2L, b, T] into its slot at `caches[b].used`."""
+    t = new.shape[2]
+    for b, cache in enumerate(caches):
+        u = cache.used
+        cache.buf[:, :, u:u + t].copy_(new[:, b].unflatten(0, (cache.spec.num_layers, 2)))
