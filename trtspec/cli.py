@@ -92,7 +92,8 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template and answer to the end of "
                                            "the turn.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: text, token_ids, stats.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: text, token_ids, finish_reason (stop | length), stats, steps.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
               help="Default: the backend the engine folder was built for (--engines) or the config's.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
