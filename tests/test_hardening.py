@@ -18,7 +18,7 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from conftest import make_pair, reference_logits
+from conftest import reference_logits
 from trtspec.cli import main
 from trtspec.config import CONFIGS_DIR, MAX_OPSET, Config, ConfigError, load_config
 from trtspec.engines.build import build_engines

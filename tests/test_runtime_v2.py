@@ -16,7 +16,6 @@ import asyncio
 import json
 import random
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -32,7 +31,6 @@ from trtspec.engines.manifest import EngineError, verify
 from trtspec.engines.onnxruntime_engine import OrtEngine
 from trtspec.runtime.batch import Batcher, Call
 from trtspec.runtime.generator import Generator
-from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import STRATEGIES, ChainSpeculative, DySpec
 
 NAMES = list(STRATEGIES)

@@ -9,7 +9,7 @@ from hypothesis import strategies as hst
 from conftest import reference_logits
 from trtspec.export.tiny import tiny_spec
 from trtspec.runtime.decode import DecodeState
-from trtspec.runtime.kv_cache import KVPool
+from trtspec.runtime.kv_cache import KVCache, KVPool
 from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.tree import TokenTree

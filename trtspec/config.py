@@ -28,7 +28,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
-from .options import MAX_STEP_TOKENS, NonNegInt, PosInt, Strict, one_line
+from .options import MAX_STEP_TOKENS, PosInt, Strict, one_line
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BACKENDS = ("torch", "onnxruntime", "tensorrt")

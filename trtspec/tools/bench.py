@@ -102,7 +102,7 @@ def parse_list(text: str | None, allowed, what: str) -> list[str]:
 
 # --- model-forward timing of our engines -------------------------------------------------------
 
-def instrument(batcher) -> "Batcher":
+def instrument(batcher):
     """Time every forward of a model (its Batcher is the only caller of engine.step_batch)."""
     batcher.timed = True
     batcher.reset_timing()
