@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from .config import BACKENDS, load_config
-from .errors import RequestError, TrtspecError
+from .errors import TrtspecError
 from .runtime.strategies import STRATEGIES
 
 PLAIN_MAX_NEW_TOKENS = 128     # plain (non-chat) prompts: a completion has no end-of-turn to wait for
@@ -106,7 +106,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
     from .engines.load import check_runnable, engines_for_config, load_generator, load_tokenizer, open_folder
-    from .runtime.generator import check_capacity, decode_pieces, room_for
+    from .runtime.generator import check_capacity, check_strategy, decode_pieces, room_for
     from .runtime.sampling import SamplingParams
     from .runtime.strategies import make_strategy
     from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
@@ -130,9 +130,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     cfg = opened[1] if opened else load_config(config_path).with_backend(backend)
     name = strategy or cfg.strategy
     strat = make_strategy(name, **(cfg.strategies.get(name) or {}))
-    if strat.needs_draft and cfg.draft is None:
-        raise RequestError(f"strategy {name!r} needs a draft model and {cfg.name} has none; use --strategy ar "
-                           "or ngram, or add a draft to the config")
+    check_strategy(strat, has_draft=cfg.draft is not None)
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
     check_runnable(cfg)
 

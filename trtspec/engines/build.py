@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..config import DTYPES, Config
+from ..options import MAX_STEP_TOKENS
 from ..export.contract import io_spec
 from ..export.model import Decoder
 from ..export.sources import load_model, load_tokenizer_for
@@ -31,7 +32,7 @@ from ..runtime.batch import MAX_BATCH_TOKENS
 from .manifest import EngineError, write_manifest
 from .tensorrt_build import build_plan, tensorrt_unavailable_reason
 
-PREFILL_CHUNK = 256
+PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
 
 
 def _weights(model: Decoder) -> dict[str, torch.Tensor]:

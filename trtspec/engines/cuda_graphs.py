@@ -34,7 +34,6 @@ class GraphedTorchEngine(TorchEngine):
         super().__init__(model, device)
         self.warmup = warmup
         self.graphs: dict[tuple, StagedBucket] = {}
-        self.replays = 0
         self.fallback_reason: str | None = None
         if not (str(device).startswith("cuda") and torch.cuda.is_available()):
             self.fallback_reason = "CUDA graphs need a CUDA device; steps run eagerly on static buffers"
@@ -49,7 +48,6 @@ class GraphedTorchEngine(TorchEngine):
         g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
         g.graph()
         g.runs += 1
-        self.replays += 1
         g.scatter_new_kv(caches)
         for cache in caches:
             cache.advance(t)

@@ -61,7 +61,7 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
                 if key in arts:
                     return OrtCudaGraphEngine(folder / arts[key], spec, DTYPES[key.split("_")[1]])
         from .onnxruntime_engine import OrtEngine
-        for key in ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"):
+        for key in BACKEND_ARTIFACTS["onnxruntime"]:              # preferred first
             if key in arts:
                 return OrtEngine(folder / arts[key], spec, intra_op_threads=threads or None)
         raise EngineError(f"{folder}: no ONNX model for {role} that ONNX Runtime on CPU can run (fp32/fp16); "
@@ -73,7 +73,7 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
     raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
 
 
-BACKEND_ARTIFACTS = {"torch": ("weights",), "onnxruntime": ("onnx_fp32", "ort_fp32", "onnx_fp16", "ort_fp16"),
+BACKEND_ARTIFACTS = {"torch": ("weights",), "onnxruntime": ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"),
                      "tensorrt": ("plan_fp32", "plan_fp16", "plan_bf16")}
 
 

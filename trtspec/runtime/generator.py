@@ -22,6 +22,7 @@ import numpy as np
 
 from ..engines.base import Engine
 from ..errors import RequestError
+from ..options import MAX_STEP_TOKENS
 from .batch import Batcher
 from .kv_cache import CapacityError
 from .request import GenerationResult, Request, Slot
@@ -30,7 +31,7 @@ from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .strategies import Strategy, make_strategy
 
-__all__ = ["Generator", "GenerationResult", "check_capacity", "room_for"]
+__all__ = ["Generator", "GenerationResult", "check_capacity", "check_strategy", "room_for"]
 
 
 class Generator:
@@ -56,19 +57,9 @@ class Generator:
         self.pools = pools
         self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue)
 
-    @property
-    def max_step_tokens(self) -> int:
-        return self.slots[0].target.max_step_tokens
-
     def strategy(self, name: str | Strategy) -> Strategy:
         strat = name if isinstance(name, Strategy) else make_strategy(name, **(self.strategy_options.get(name) or {}))
-        if strat.max_tree_size() > self.max_step_tokens:
-            raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
-                               f"one step, more than the {self.max_step_tokens} a step allows; "
-                               "lower its budget / k in the config")
-        if strat.needs_draft and self.draft_engine is None:
-            raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
-                               "add a draft to the config or use --strategy ar / ngram")
+        check_strategy(strat, has_draft=self.draft_engine is not None)
         return strat
 
     def submit(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
@@ -131,6 +122,17 @@ def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:
         if not text.endswith("\ufffd"):
             yield text[len(shown):]
             shown = text
+
+
+def check_strategy(strat: Strategy, has_draft: bool) -> None:
+    """RequestError unless `strat` can run: its step fits one model call, and it has its draft."""
+    if strat.max_tree_size() > MAX_STEP_TOKENS:
+        raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
+                           f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
+                           "lower its budget / k in the config")
+    if strat.needs_draft and not has_draft:
+        raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
+                           "add a draft to the config or use --strategy ar / ngram")
 
 
 def room_for(prompt_len: int, strat: Strategy, capacity: int) -> int:

@@ -37,8 +37,8 @@ class ModelRunner:
         self.batcher = batcher
         self.engine = batcher.engine
         self.cache = cache
-        self.max_step_tokens = MAX_STEP_TOKENS
         self.forwards = 0
+        self._iota = torch.arange(MAX_STEP_TOKENS, dtype=torch.int64)   # logit-row indices, reused
         # A draft whose embedding table is smaller or larger than the target's (Qwen2.5-0.5B has
         # 151,936 rows, Qwen2.5-7B 152,064) answers in the target's vocabulary: logits are cut to
         # `vocab` or padded with -inf, so q and p always have one shape and no draft token is an id
@@ -79,10 +79,10 @@ class ModelRunner:
         pos = torch.arange(c.used, c.used + t, dtype=torch.int64)
         new_mask = torch.ones(t, c.scratch + t, dtype=torch.bool)
         new_mask[:, c.scratch:] = torch.ones(t, t, dtype=torch.bool).tril_()
-        rows = torch.tensor([t - 1]) if last_only else None
+        rows = self._iota[t - 1:t] if last_only else None
         return (yield from self.run(ids, pos, new_mask, rows, phase))
 
-    def prefill(self, tokens: list[int], chunk: int = 256) -> Calls:
+    def prefill(self, tokens: list[int], chunk: int = MAX_STEP_TOKENS) -> Calls:
         """Commit `tokens` in chunks of at most `chunk`."""
         for i in range(0, len(tokens), chunk):
             part = tokens[i:i + chunk]
