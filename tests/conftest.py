@@ -103,3 +103,24 @@ def small_pair() -> TinyPair:
 @pytest.fixture(scope="session")
 def small_gen(small_pair) -> Generator:
     return small_pair.generator(capacity=64)
+
+
+CHAT_TEMPLATE = "{% for m in messages %}<|endoftext|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
+def with_chat_template(folder: Path, tmp_path: Path) -> Path:
+    """A copy of an engine folder whose tokenizer has a (made-up) chat template, manifest re-hashed."""
+    import json
+    import shutil
+
+    from trtspec.engines.manifest import write_manifest
+    eng = tmp_path / "chat"
+    shutil.copytree(folder, eng)
+    cfg = eng / "tokenizer" / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    data["chat_template"] = CHAT_TEMPLATE
+    cfg.write_text(json.dumps(data))
+    m = json.loads((eng / "manifest.json").read_text())
+    write_manifest(eng, {k: v for k, v in m.items() if k not in ("format", "contract_version", "created", "versions",
+                                                                 "files")})
+    return eng

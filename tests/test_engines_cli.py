@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import with_chat_template
 from trtspec.cli import main
 from trtspec.config import ConfigError, load_config
 from trtspec.engines.build import build_engines
@@ -185,14 +186,7 @@ def test_cli_chat_without_template_is_a_clear_error(engines):
 
 def test_cli_chat_uses_the_template(engines, tmp_path):
     """With a template, --chat encodes through it (transformers 5 returns a BatchEncoding)."""
-    eng = copy_engines(engines, tmp_path)
-    cfg = eng / "tokenizer" / "tokenizer_config.json"
-    data = json.loads(cfg.read_text())
-    data["chat_template"] = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
-    cfg.write_text(json.dumps(data))
-    from trtspec.engines.manifest import write_manifest
-    m = json.loads((eng / "manifest.json").read_text())
-    write_manifest(eng, {k: v for k, v in m.items() if k not in ("format", "contract_version", "created", "versions", "files")})
+    eng = with_chat_template(engines, tmp_path)
     res = CliRunner().invoke(main, ["run", "--engines", str(eng), "--prompt", "x = 1", "--chat",
                                     "--max-new-tokens", "4", "--json"])
     assert res.exit_code == 0, res.output

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,12 +17,12 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from conftest import reference_logits
+from conftest import reference_logits, with_chat_template
 from trtspec.cli import main
 from trtspec.config import CONFIGS_DIR, MAX_OPSET, Config, ConfigError, load_config
 from trtspec.engines.build import build_engines
 from trtspec.engines.load import load_generator
-from trtspec.engines.manifest import EngineError, verify, write_manifest
+from trtspec.engines.manifest import EngineError, verify
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.errors import RequestError, TrtspecError
 from trtspec.export.model import Decoder
@@ -415,19 +414,6 @@ def test_newest_accepted_opset_builds_and_runs(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Chat answers run to the end of the turn; a cut answer says so
 # ---------------------------------------------------------------------------------------------
-
-def with_chat_template(folder: Path, tmp_path: Path) -> Path:
-    eng = tmp_path / "chat"
-    shutil.copytree(folder, eng)
-    cfg = eng / "tokenizer" / "tokenizer_config.json"
-    data = json.loads(cfg.read_text())
-    data["chat_template"] = "{% for m in messages %}<|endoftext|>{{ m['content'] }}{% endfor %}"
-    cfg.write_text(json.dumps(data))
-    m = json.loads((eng / "manifest.json").read_text())
-    write_manifest(eng, {k: v for k, v in m.items() if k not in ("format", "contract_version", "created", "versions",
-                                                                 "files")})
-    return eng
-
 
 def test_chat_default_runs_to_the_end_of_turn(torch_folder, tmp_path):
     eng = with_chat_template(torch_folder, tmp_path)

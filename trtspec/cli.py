@@ -105,7 +105,7 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
-    from .engines.load import check_runnable, engines_for_config, load_generator, load_tokenizer, open_folder
+    from .engines.load import load_generator, load_tokenizer
     from .runtime.generator import check_capacity, check_strategy, decode_pieces, room_for
     from .runtime.sampling import SamplingParams
     from .runtime.strategies import make_strategy
@@ -126,16 +126,13 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         raise click.UsageError("the prompt is empty" + (f" ({prompt_file})" if prompt_file else ""))
     sampling = SamplingParams(temperature, top_k, top_p)
     log = functools.partial(click.echo, err=True)
-    opened = open_folder(engines_dir, backend) if engines_dir else None
-    cfg = opened[1] if opened else load_config(config_path).with_backend(backend)
+    opened, cfg = _settle(engines_dir, config_path, backend)
     name = strategy or cfg.strategy
     strat = make_strategy(name, **(cfg.strategies.get(name) or {}))
     check_strategy(strat, has_draft=cfg.draft is not None)
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
-    check_runnable(cfg)
 
-    folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
-    opened = opened or open_folder(folder, None, cfg)
+    folder, opened = _engines(engines_dir, opened, cfg, log)
     tok = load_tokenizer(folder, opened[0])
     try:
         ids = encode(Prompt(id="prompt", text=text), tok, chat=chat)
@@ -237,6 +234,95 @@ def inspect(engines_dir: str, compare: bool, role: str) -> None:
     if compare:
         for line in run_compare(Path(engines_dir), role):
             click.echo(line)
+
+
+def _settle(engines_dir: str | None, config_path: str | None, backend: str | None):
+    """(opened engine folder or None, config), with the backend/device checked runnable here; no build."""
+    from .engines.load import check_runnable, open_folder
+    opened = open_folder(engines_dir, backend) if engines_dir else None
+    cfg = opened[1] if opened else load_config(config_path).with_backend(backend)
+    check_runnable(cfg)
+    return opened, cfg
+
+
+def _engines(engines_dir: str | None, opened, cfg, log):
+    """(folder, opened): the given engine folder, or the config's cached one (built on first use)."""
+    from .engines.load import engines_for_config, open_folder
+    folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
+    return folder, opened or open_folder(folder, None, cfg)
+
+
+@main.command()
+@click.option("--engines", "engines_dir", type=click.Path(), default=None, help="Engine folder from `trtspec build`.")
+@click.option("--config", "config_path", default=None,
+              help="Config to build (once, into the cache) and serve. Default: the Qwen2.5-Coder 1.5B/0.5B pair.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 for every interface: then set --api-key).")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 = any free port.")
+@click.option("--max-batch", type=click.IntRange(1, 256), default=None,
+              help="Requests served at once (KV slots; one target forward verifies all their trees). "
+                   "Default: the config's slots.")
+@click.option("--max-queue", type=click.IntRange(0), default=64, show_default=True,
+              help="Requests waiting for a slot before new ones get 429 Too Many Requests.")
+@click.option("--api-key", envvar="TRTSPEC_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health (env TRTSPEC_API_KEY).")
+@click.option("--model-name", default=None, help="The model id clients send. Default: the config's name.")
+@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default=None,
+              help="For requests that name none (a client picks with extra_body={'speculative': {'strategy': "
+                   "...}}). Default: the config's.")
+@click.option("--allow-strategies", default=None, metavar="LIST",
+              help="Strategies clients may choose, comma-separated (e.g. ar,ngram: a client cannot pick a "
+                   "tree that costs the batch more than it gains). Default: all.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Deadline per request, seconds (a client may ask for a shorter one: extra_body={'timeout': s}).")
+@click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="On SIGTERM / Ctrl-C: seconds running requests get to finish before they are cancelled.")
+@click.option("--backend", type=click.Choice(BACKENDS), default=None,
+              help="Default: the backend the engine folder was built for (--engines) or the config's.")
+@click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
+@click.option("--log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
+              help="uvicorn's log level (info adds an access log line per request).")
+@user_errors
+def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, model_name, strategy,
+          allow_strategies, timeout, drain_timeout, backend, threads, log_level) -> None:
+    """Serve the engines over an OpenAI-compatible HTTP API (completions, chat, streaming).
+
+    \b
+      trtspec serve --config smollm2-135m --port 8000
+      curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+           -d '{"model": "smollm2-135m", "prompt": "def fib(n):", "max_tokens": 64, "temperature": 0}'
+
+    Every request is lossless whatever shares its batch. Speculation per request (extensions, e.g.
+    the openai client's extra_body): {"speculative": {"strategy": "staged", "stats": true}, "top_k": 40}.
+    /metrics is Prometheus text; /health answers without the API key."""
+    from .engines.load import load_generator
+    from .runtime.generator import check_strategy
+    from .runtime.strategies import make_strategy
+    from .serve.app import Service
+    from .serve.server import bind
+    from .serve.server import serve as run_server
+
+    if engines_dir and config_path:
+        raise click.UsageError("give --engines DIR or --config PATH, not both")
+    log = functools.partial(click.echo, err=True)
+    opened, cfg = _settle(engines_dir, config_path, backend)
+    name = strategy or cfg.strategy
+    allowed = tuple(dict.fromkeys(s.strip() for s in allow_strategies.split(","))) if allow_strategies else tuple(
+        s for s in STRATEGIES if cfg.draft is not None or not STRATEGIES[s].needs_draft)
+    for s in allowed:
+        if s not in STRATEGIES:
+            raise click.UsageError(f"--allow-strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    if name not in allowed:
+        raise click.UsageError(f"the default strategy {name!r} is not in --allow-strategies {','.join(allowed)}")
+    for s in dict.fromkeys((name, *allowed)):
+        check_strategy(make_strategy(s, **(cfg.strategies.get(s) or {})), has_draft=cfg.draft is not None)
+    sock = bind(host, port)
+    folder, opened = _engines(engines_dir, opened, cfg, log)
+    log(f"loading {folder}")
+    gen = load_generator(folder, threads=threads, opened=opened, slots=max_batch, max_queue=max_queue)
+    svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
+                  allowed=allowed, backend=gen.backend)
+    run_server(svc, sock, drain_timeout, log, log_level)
 
 
 def _render_tree(result, step: int, tok, path: str, strategy: str) -> None:

@@ -127,7 +127,7 @@ def load_tokenizer(folder: str | Path, manifest: dict):
 
 def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
                    config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
-                   tokenizer=None, slots: int | None = None) -> Generator:
+                   tokenizer=None, slots: int | None = None, max_queue: int | None = None) -> Generator:
     """Engines + KV buffers + tokenizer of an engine folder (see `open_folder` for the arguments;
     pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice)."""
     folder = Path(folder)
@@ -144,7 +144,7 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
-                    buckets=cfg.buckets.model_dump(), slots=slots or cfg.slots)
+                    buckets=cfg.buckets.model_dump(), slots=slots or cfg.slots, max_queue=max_queue)
     gen.config = cfg
     gen.backend = backend
     return gen

@@ -64,9 +64,10 @@ class Generator:
 
     def submit(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,
-               timeout: float | None = None):
+               timeout: float | None = None, ignore_eos: bool = False):
         """Queue a request (thread-safe); returns its Handle. Bad input raises here, in the caller.
-        `timeout`: seconds after which the request is ended with finish_reason "deadline"."""
+        `timeout`: seconds after which the request is ended with finish_reason "deadline".
+        `ignore_eos`: run to max_new_tokens through stop tokens (benchmarks)."""
         strat = self.strategy(strategy)
         if not prompt_ids:
             raise RequestError("the prompt is empty: give at least one token")
@@ -77,7 +78,8 @@ class Generator:
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_capacity(len(prompt_ids), max_new_tokens, strat, self.capacity)
-        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed, frozenset(self.stop_ids),
+        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed,
+                      frozenset() if ignore_eos else frozenset(self.stop_ids),
                       record_trees, None if timeout is None else time.monotonic() + timeout)
         self.scheduler.submit(req)
         return req.handle

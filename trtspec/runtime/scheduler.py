@@ -59,8 +59,10 @@ class Scheduler:
         with self._cv:
             if self._closed:
                 raise RequestError("this generator is closed")
-            if self.max_queue is not None and len(self.waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self.waiting)} requests are already waiting (max_queue {self.max_queue})")
+            # max_queue counts requests that would wait for a slot, not those a free slot takes at once.
+            if self.max_queue is not None and len(self.waiting) - len(self.free) >= self.max_queue:
+                queued = len(self.waiting) - len(self.free)
+                raise QueueFull(f"{queued} requests are already waiting for a slot (max_queue {self.max_queue})")
             self.waiting.append(req)
             self._cv.notify()
             if self._thread is None:

@@ -30,13 +30,12 @@ def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurrency: int) -> dict:
-    """All prompts through `gen` with `concurrency` closed-loop clients; one record."""
+def closed_loop(count: int, concurrency: int, one: Callable[[int], dict]) -> tuple[dict[int, dict], float]:
+    """one(i) for every i < count, by `concurrency` clients that each start their next item when their
+    last one ended. Returns (results by i, wall seconds)."""
     lock = threading.Lock()
-    todo = list(range(len(prompts)))
+    todo = list(range(count))
     out: dict[int, dict] = {}
-    batcher = gen.batchers["target"]
-    f0, r0 = batcher.forwards, batcher.rows
 
     def client() -> None:
         while True:
@@ -44,15 +43,7 @@ def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurr
                 if not todo:
                     return
                 i = todo.pop(0)
-            t0 = time.perf_counter()
-            h = gen.submit(prompts[i], strategy=strategy, max_new_tokens=max_new)
-            first = None
-            for _ in h:
-                if first is None:
-                    first = time.perf_counter() - t0
-            res = h.result()
-            out[i] = {"latency": time.perf_counter() - t0, "ttft": first, "tokens": res.token_ids,
-                      "steps": res.stats["target_steps"]}
+            out[i] = one(i)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
@@ -60,7 +51,26 @@ def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurr
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    return out, time.perf_counter() - t0
+
+
+def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurrency: int) -> dict:
+    """All prompts through `gen` with `concurrency` closed-loop clients; one record."""
+    batcher = gen.batchers["target"]
+    f0, r0 = batcher.forwards, batcher.rows
+
+    def one(i: int) -> dict:
+        t0 = time.perf_counter()
+        h = gen.submit(prompts[i], strategy=strategy, max_new_tokens=max_new)
+        first = None
+        for _ in h:
+            if first is None:
+                first = time.perf_counter() - t0
+        res = h.result()
+        return {"latency": time.perf_counter() - t0, "ttft": first, "tokens": res.token_ids,
+                "steps": res.stats["target_steps"]}
+
+    out, wall = closed_loop(len(prompts), concurrency, one)
     n_tok = sum(len(r["tokens"]) for r in out.values())
     lat = [r["latency"] for r in out.values()]
     ttft = [r["ttft"] for r in out.values() if r["ttft"] is not None]
@@ -116,14 +126,7 @@ def write_concurrency_report(records: list[dict], output: Path, settings: dict) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(6, 4))
-        for s in dict.fromkeys(r["strategy"] for r in records):
-            rs = [r for r in records if r["strategy"] == s]
-            ax.plot([r["concurrency"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", label=s)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("tokens/s, all requests")
-        ax.set_xscale("log", base=2)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        plot_by_strategy(ax, records, "tokens_per_s", "tokens/s, all requests", "concurrent requests")
         ax.set_title(settings.get("title", "throughput vs concurrency"))
         fig.tight_layout()
         fig.savefig(output / "concurrency.png", dpi=120)
@@ -132,3 +135,15 @@ def write_concurrency_report(records: list[dict], output: Path, settings: dict) 
     except ImportError:
         pass
     return files
+
+
+def plot_by_strategy(ax, records: list[dict], key: str, ylabel: str, xlabel: str, scale: float = 1.0) -> None:
+    """One line per strategy: records[key] * scale against concurrency (log2 axis)."""
+    for s in dict.fromkeys(r["strategy"] for r in records):
+        rs = [r for r in records if r["strategy"] == s]
+        ax.plot([r["concurrency"] for r in rs], [r[key] * scale for r in rs], marker="o", label=s)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_xscale("log", base=2)
+    ax.grid(alpha=0.3)
+    ax.legend()

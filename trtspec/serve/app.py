@@ -1,0 +1,258 @@
+"""The OpenAI-compatible HTTP API over a loaded Generator (FastAPI; streams are server-sent events).
+
+    POST /v1/completions  POST /v1/chat/completions  GET /v1/models  GET /health  GET /metrics  GET /version
+
+Every request becomes one runtime request (jobs.py): the scheduler batches it with whatever else
+is running, so N clients share each target forward. Errors are OpenAI's JSON error objects.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib.metadata import version
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ..export.contract import CONTRACT_VERSION
+from ..runtime.generator import Generator
+from ..runtime.strategies import STRATEGIES
+from .jobs import Job, follow, outcome, start
+from .metrics import Metrics
+from .protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+
+CHARS_PER_TOKEN = 64
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version")
+
+
+@dataclass
+class Service:
+    """What every endpoint shares: the loaded generator and the server's settings."""
+    gen: Generator
+    model: str                           # the name clients send as `model`
+    strategy: str                        # for requests that name none
+    api_key: str | None = None
+    timeout: float | None = None         # per-request deadline, seconds (a client may ask for less)
+    allowed: tuple[str, ...] = tuple(STRATEGIES)   # strategies clients may choose
+    backend: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Metrics = field(init=False)
+    draining: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.gen.scheduler, len(self.gen.slots))
+
+    @property
+    def tokenizer(self):
+        return self.gen.tokenizer
+
+
+def make_app(svc: Service) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        svc.draining = True                  # uvicorn has let running requests finish (bounded)
+        svc.gen.close()
+
+    app = FastAPI(title="trtspec", version=version("trtspec"), lifespan=lifespan,
+                  description="OpenAI-compatible, lossless speculative decoding")
+    app.add_middleware(Gate, svc=svc)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request, exc: RequestValidationError):
+        return validation_error(exc.errors()).response()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(svc, body.model)
+        prompt = body.prompt_input()
+        ids = prompt if isinstance(prompt, list) else svc.tokenizer(check_size(svc, prompt, "prompt"))["input_ids"]
+        return await respond(svc, body, start(svc, body, list(ids)), request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        check_model(svc, body.model)
+        if not getattr(svc.tokenizer, "chat_template", None):
+            raise ApiError(400, f"model {svc.model!r} has no chat template; use /v1/completions", param="messages")
+        messages = [{"role": m.template_role, "content": m.text()} for m in body.messages]
+        check_size(svc, "".join(m["content"] for m in messages), "messages")
+        try:
+            ids = svc.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as e:                       # noqa: BLE001 - jinja's TemplateError and kin
+            raise ApiError(400, f"the model's chat template refused these messages: {e}", param="messages")
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return await respond(svc, body, start(svc, body, [int(t) for t in ids]), request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card(svc)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        check_model(svc, name)
+        return model_card(svc)
+
+    @app.get("/health")
+    async def health():
+        s = svc.gen.scheduler
+        body = {"status": "draining" if svc.draining else "ok", "slots": len(s.slots), "active": s.busy_slots,
+                "queued": len(s.waiting)}
+        return JSONResponse(body, status_code=503 if svc.draining else 200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version_():
+        return {"trtspec": version("trtspec"), "contract_version": CONTRACT_VERSION, "backend": svc.backend,
+                "model": svc.model, "strategies": list(svc.allowed), "default_strategy": svc.strategy}
+
+    return app
+
+
+def check_size(svc: Service, text: str, param: str) -> str:
+    """Refuse, before tokenizing it on the event loop, a text far longer than the KV could hold
+    (a token of these vocabularies is rarely over 16 characters)."""
+    if len(text) > CHARS_PER_TOKEN * svc.gen.capacity:
+        raise ApiError(400, f"{param} has {len(text)} characters, more than a {svc.gen.capacity}-token context "
+                            "can hold", param=param, code="context_length_exceeded")
+    return text
+
+
+def check_model(svc: Service, name: str) -> None:
+    if name != svc.model:
+        raise ApiError(404, f"model {name!r} not found; this server serves {svc.model!r}", param="model",
+                       code="model_not_found")
+
+
+def model_card(svc: Service) -> dict:
+    return {"id": svc.model, "object": "model", "created": svc.created, "owned_by": "trtspec",
+            "max_model_len": svc.gen.capacity}
+
+
+async def respond(svc: Service, body, job: Job, request: Request, chat: bool):
+    ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    if body.stream:
+        return StreamingResponse(events(svc, body, job, ident, chat), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    text = await until_done_or_gone(svc, job, request)
+    out = outcome(job, svc.metrics)
+    choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
+    choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    answer = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+              "model": svc.model, "choices": [choice], "usage": usage(job, out.completion_tokens)}
+    if out.stats is not None:
+        answer["speculative_stats"] = out.stats
+    return answer
+
+
+async def until_done_or_gone(svc: Service, job: Job, request: Request) -> str:
+    """The whole text; a client that disconnects meanwhile cancels the request (freeing its slot)."""
+    async def collect() -> str:
+        return "".join([piece async for piece in follow(job, svc.metrics)])
+    task = asyncio.ensure_future(collect())
+    try:
+        while not (await asyncio.wait({task}, timeout=0.25))[0]:
+            if await request.is_disconnected():
+                raise ApiError(499, "client disconnected", code="client_closed_request")
+        return task.result()
+    finally:                                         # gone, or this coroutine cancelled (drain timeout)
+        if not task.done():
+            task.cancel()
+            job.handle.cancel()
+
+
+async def events(svc: Service, body, job: Job, ident: str, chat: bool):
+    """Server-sent events: text deltas, a final chunk with finish_reason, usage if asked, [DONE]."""
+    created = int(time.time())
+    extra = {"usage": None} if body.include_usage else {}
+
+    def chunk(delta: str | None, finish: str | None = None, role: bool = False, **more) -> str:
+        if chat:
+            d = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
+            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": svc.model, "choices": [choice]} | extra | more
+        return f"data: {json.dumps(data)}\n\n"
+
+    try:
+        if chat:
+            yield chunk("", role=True)
+        async for piece in follow(job, svc.metrics):
+            yield chunk(piece)
+    finally:                                         # the client left before `follow` began or ended
+        if not job.handle.done:
+            job.handle.cancel()
+    try:
+        out = outcome(job, svc.metrics)
+    except ApiError as e:                    # a deadline or a failure mid-stream: a final error event
+        yield f"data: {json.dumps(e.body())}\n\n"
+        yield "data: [DONE]\n\n"
+        return
+    yield chunk(None, out.finish_reason, **({"speculative_stats": out.stats} if out.stats is not None else {}))
+    if body.include_usage:
+        data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": svc.model, "choices": [], "usage": usage(job, out.completion_tokens)}
+        yield f"data: {json.dumps(data)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def usage(job: Job, completion_tokens: int) -> dict:
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": job.prompt_tokens + completion_tokens}
+
+
+class Gate:
+    """ASGI middleware (pure ASGI, so streaming and disconnects pass through untouched): refuses new
+    work while draining, checks the API key (every path but /health), counts responses by status."""
+
+    def __init__(self, app, svc: Service):
+        self.app, self.svc = app, svc
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        endpoint = path if path in ROUTES else ("/v1/models" if path.startswith("/v1/models/") else "other")
+        status = 500
+
+        async def counted(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            refusal = self.refusal(scope, path)
+            if refusal is not None:
+                await refusal.response()(scope, receive, counted)
+            else:
+                await self.app(scope, receive, counted)
+        finally:
+            self.svc.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def refusal(self, scope, path: str) -> ApiError | None:
+        if path == "/health":
+            return None
+        if self.svc.api_key:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, b"Bearer " + self.svc.api_key.encode()):
+                return ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                                code="invalid_api_key")
+        if self.svc.draining and path.startswith("/v1/"):
+            return ApiError(503, "the server is shutting down", code="draining")
+        return None

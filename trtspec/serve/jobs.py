@@ -1,0 +1,141 @@
+"""One HTTP generation: settle its options, submit it to the Generator, follow it as text.
+
+`start` turns a validated body plus prompt ids into a running `Job` (or an ApiError: bad strategy
+or option, prompt + max_tokens over capacity, queue full). `follow` yields the job's text as its
+steps arrive (stop strings cut it), records latency metrics, and cancels the request if the caller
+stops early, which is how a disconnected client frees its slot. `outcome` reads how it ended.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from ..errors import ConfigError, RequestError
+from ..runtime.generator import room_for
+from ..runtime.kv_cache import CapacityError
+from ..runtime.request import Handle
+from ..runtime.sampling import SamplingParams
+from ..runtime.scheduler import QueueFull
+from ..runtime.strategies import STRATEGIES, make_strategy
+from .protocol import ApiError, ChatRequest, Speculative, _Sampling
+from .text import TextStream
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions; chat defaults to what fits
+SERVER_SIDE_OPTIONS = ("bigram",)      # options naming files on the server: config only
+
+
+@dataclass
+class Job:
+    handle: Handle
+    text: TextStream
+    strategy: str
+    prompt_tokens: int
+    stats: bool                          # the client asked for speculation statistics
+    t0: float = field(default_factory=time.perf_counter)
+    first: float | None = None
+
+
+def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
+    spec = body.speculative or Speculative()
+    name = spec.strategy or svc.strategy
+    if name not in STRATEGIES:
+        raise ApiError(400, f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}",
+                       param="speculative.strategy", code="strategy_not_found")
+    opts = spec.options()
+    for key in SERVER_SIDE_OPTIONS:
+        if key in opts:
+            raise ApiError(400, f"speculative.{key} names a file on the server; set it in the server's config",
+                           param=f"speculative.{key}")
+    if name not in svc.allowed:
+        raise ApiError(400, f"strategy {name!r} is not enabled on this server; enabled: {', '.join(svc.allowed)}",
+                       param="speculative.strategy", code="strategy_not_enabled")
+    gen = svc.gen
+    limits = [t for t in (body.timeout, svc.timeout) if t is not None]   # the client may only shorten it
+    try:
+        strat = make_strategy(name, **{**(gen.strategy_options.get(name) or {}), **opts})
+        room = room_for(len(prompt_ids), strat, gen.capacity)
+        default = max(1, room) if isinstance(body, ChatRequest) else COMPLETION_DEFAULT_MAX_TOKENS
+        limit = body.limit() or default
+        handle = gen.submit(prompt_ids, strategy=strat, max_new_tokens=limit,
+                            sampling=SamplingParams(body.temperature, max(body.top_k, 0), body.top_p),
+                            seed=secrets.randbits(63) if body.seed is None else body.seed,
+                            timeout=min(limits) if limits else None, ignore_eos=body.ignore_eos)
+    except QueueFull as e:
+        raise ApiError(429, f"server busy: {e}; retry shortly", code="queue_full", headers={"Retry-After": "1"})
+    except CapacityError as e:
+        raise ApiError(400, str(e).replace("max_new_tokens", "max_tokens"), param="max_tokens",
+                       code="context_length_exceeded")
+    except ConfigError as e:
+        raise ApiError(400, str(e).replace(f"strategies.{name}.", "speculative."), param="speculative")
+    except RequestError as e:
+        raise ApiError(400, str(e))
+    svc.metrics.prompt_tokens.inc(len(prompt_ids))
+    return Job(handle, TextStream(svc.tokenizer, body.stops()), name, len(prompt_ids), spec.stats)
+
+
+async def follow(job: Job, metrics) -> AsyncIterator[str]:
+    """The job's text deltas until it ends; leaving early (a client gone) cancels the request."""
+    last = job.t0
+    try:
+        try:
+            async for toks in job.handle:
+                now = time.perf_counter()
+                if job.first is None:
+                    job.first = now
+                    metrics.ttft.observe(now - job.t0)
+                else:
+                    for _ in toks:
+                        metrics.itl.observe((now - last) / len(toks))
+                last = now
+                if job.text.stopped:
+                    continue                            # the rest of a step cut by a stop string
+                delta = job.text.feed(toks)
+                if job.text.stopped:
+                    job.handle.cancel()                 # its slot is freed within one step
+                if delta:
+                    yield delta
+        except Exception:                               # noqa: BLE001 - the request failed: `outcome` says so
+            return
+        tail = job.text.finish()
+        if tail:
+            yield tail
+    finally:
+        if not job.handle.done:                         # the caller left: the client went away
+            job.handle.cancel()
+            metrics.finished.labels(reason="cancelled").inc()
+
+
+@dataclass
+class Outcome:
+    finish_reason: str                   # stop | length
+    completion_tokens: int
+    stats: dict | None
+
+
+def outcome(job: Job, metrics) -> Outcome:
+    """How a finished job ended, recorded in the metrics; ApiError for a deadline or a failure."""
+    try:
+        result = job.handle.result()
+    except Exception as e:                           # noqa: BLE001 - the request's own error, reported
+        metrics.finished.labels(reason="error").inc()
+        raise ApiError(500, f"generation failed: {type(e).__name__}: {e}", code="generation_failed") from e
+    metrics.observe_steps(result.steps)
+    metrics.e2e.observe(time.perf_counter() - job.t0)
+    reason = "stop" if job.text.stopped else result.finish_reason
+    n = len(job.text.ids) if job.text.stopped else len(result.token_ids)
+    metrics.generation_tokens.inc(n)
+    metrics.finished.labels(reason=reason).inc()
+    if reason == "deadline":
+        raise ApiError(408, f"the request's deadline passed after {n} tokens", code="deadline_exceeded")
+    if reason not in ("stop", "length"):
+        raise ApiError(500, f"the request ended as {reason}", code=reason)
+    stats = None
+    if job.stats:
+        s = result.stats
+        stats = {"strategy": job.strategy, "steps": s["target_steps"], "mean_accepted_length": s["mean_accepted"],
+                 "draft_forwards": s["draft_forwards"], "draft_seconds": s["draft_seconds"],
+                 "verify_seconds": s["verify_seconds"], "prefill_seconds": s["prefill_seconds"],
+                 "mean_tree_size": s["mean_tree_size"]}
+    return Outcome(reason, n, stats)

@@ -1,0 +1,69 @@
+"""Prometheus metrics of `trtspec serve` (prometheus-client, one registry per server).
+
+Request and token counters, queue and slot gauges, latency histograms, and speculation counters
+in the shape vLLM exports (`vllm:spec_decode_*`), under the `trtspec_` prefix:
+
+    trtspec_spec_decode_num_drafts_total                 target steps that verified drafted tokens
+    trtspec_spec_decode_num_draft_tokens_total           drafted tokens sent to the target
+    trtspec_spec_decode_num_accepted_tokens_total        drafted tokens the target accepted
+    trtspec_spec_decode_num_accepted_tokens_per_pos_total{position}   accepted at depth position+1
+    trtspec_spec_decode_mean_accepted_length             1 + accepted / drafts (tokens per draft step)
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                   1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class Metrics:
+    def __init__(self, scheduler, slots: int):
+        r = self.registry = CollectorRegistry()
+        self._drafts_n = self._accepted_n = 0
+        self.requests = Counter("trtspec_requests", "Finished HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.finished = Counter("trtspec_request_finish", "Generations by finish reason "
+                                "(stop, length, cancelled, deadline, error)", ["reason"], registry=r)
+        self.prompt_tokens = Counter("trtspec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("trtspec_generation_tokens", "Generated tokens", registry=r)
+        Gauge("trtspec_queue_depth", "Requests waiting for a slot", registry=r
+              ).set_function(lambda: len(scheduler.waiting))
+        Gauge("trtspec_active_slots", "Slots held by running requests", registry=r
+              ).set_function(lambda: scheduler.busy_slots)
+        Gauge("trtspec_slots", "KV slots (the most requests in one batch)", registry=r).set(slots)
+        self.ttft = Histogram("trtspec_time_to_first_token_seconds", "Submit to first generated token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("trtspec_inter_token_latency_seconds", "Time between generated tokens (a step's "
+                             "gap shared by the tokens it emitted)", buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("trtspec_e2e_request_latency_seconds", "Submit to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.drafts = Counter("trtspec_spec_decode_num_drafts", "Target steps that verified drafted tokens",
+                              registry=r)
+        self.draft_tokens = Counter("trtspec_spec_decode_num_draft_tokens", "Drafted tokens sent to the target",
+                                    registry=r)
+        self.accepted = Counter("trtspec_spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r)
+        self.accepted_pos = Counter("trtspec_spec_decode_num_accepted_tokens_per_pos",
+                                    "Drafted tokens accepted at each depth (position 0 = first drafted token)",
+                                    ["position"], registry=r)
+        Gauge("trtspec_spec_decode_mean_accepted_length", "Tokens emitted per target step that verified drafts "
+              "(1 + accepted / drafts)", registry=r).set_function(self._mean_accepted)
+
+    def _mean_accepted(self) -> float:
+        return 1.0 + self._accepted_n / self._drafts_n if self._drafts_n else 0.0
+
+    def observe_steps(self, steps) -> None:
+        """Speculation counters from a finished request's steps (runtime StepStats)."""
+        for st in steps:
+            if st.tree_size <= 1:        # a plain step (ar, or a step that drafted nothing)
+                continue
+            self._drafts_n += 1
+            self._accepted_n += st.accepted
+            self.drafts.inc()
+            self.draft_tokens.inc(st.tree_size - 1)
+            self.accepted.inc(st.accepted)
+            for pos in range(st.accepted):
+                self.accepted_pos.labels(position=str(pos)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
