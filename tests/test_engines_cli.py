@@ -26,6 +26,14 @@ def engines(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def torch_engines(tmp_path_factory) -> Path:
+    """The same config built for torch (an engine folder holds one backend's weights)."""
+    out = tmp_path_factory.mktemp("eng") / "tiny-torch"
+    build_engines(load_config(TINY), out, backend="torch", log=lambda *a, **k: None)
+    return out
+
+
 def copy_engines(src: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "copy"
     shutil.copytree(src, dst)
@@ -37,7 +45,8 @@ def test_engine_folder_layout(engines):
     assert m["format"] == "trtspec-engine" and m["contract_version"] == 2
     for role in ("target", "draft"):
         arts = m["models"][role]["artifacts"]
-        assert {"weights", "onnx_fp32", "ort_fp32"} <= set(arts)
+        assert set(arts) == {"ort_fp32"}, arts             # the weights once: the ORT-optimized graph only
+        assert sorted(p.name for p in (engines / role).iterdir()) == ["model.fp32.ort.onnx"]
         names = [i["name"] for i in m["models"][role]["io"]["inputs"]]
         assert names[:4] == ["input_ids", "position_ids", "attn_mask", "logit_rows"]
     for rel, info in m["files"].items():
@@ -47,17 +56,18 @@ def test_engine_folder_layout(engines):
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_backends_agree_with_ar(engines, backend):
-    gen = load_generator(engines, backend=backend)
+def test_backends_agree_with_ar(engines, torch_engines, backend):
+    gen = load_generator(torch_engines if backend == "torch" else engines)
+    assert gen.backend == backend
     prompt = gen.tokenizer("def fib(n):\n    return fib(n-1) + fib(n-2)\n")["input_ids"]
     ref = gen.generate(prompt, strategy="ar", max_new_tokens=24).token_ids
     for strategy in ("chain", "ngram"):
         assert gen.generate(prompt, strategy=strategy, max_new_tokens=24).token_ids == ref
 
 
-def test_torch_and_onnxruntime_same_tokens(engines):
-    a = load_generator(engines, backend="torch")
-    b = load_generator(engines, backend="onnxruntime")
+def test_torch_and_onnxruntime_same_tokens(engines, torch_engines):
+    a = load_generator(torch_engines)
+    b = load_generator(engines)
     prompt = a.tokenizer("import json\nimport os\n")["input_ids"]
     assert a.generate(prompt, max_new_tokens=20).token_ids == b.generate(prompt, max_new_tokens=20).token_ids
 
@@ -65,7 +75,7 @@ def test_torch_and_onnxruntime_same_tokens(engines):
 def test_tampered_file_is_refused(engines, tmp_path):
     eng = copy_engines(engines, tmp_path)
     verify(eng)  # fills the verified-hash cache; tampering must still be caught
-    weights = eng / "target" / "weights.safetensors"
+    weights = eng / "target" / "model.fp32.ort.onnx"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
@@ -75,7 +85,7 @@ def test_tampered_file_is_refused(engines, tmp_path):
 
 def test_missing_file_and_manifest_are_refused(engines, tmp_path):
     eng = copy_engines(engines, tmp_path)
-    (eng / "draft" / "model.fp32.onnx").unlink()
+    (eng / "draft" / "model.fp32.ort.onnx").unlink()
     with pytest.raises(EngineError, match="missing"):
         verify(eng)
     (eng / "manifest.json").unlink()
@@ -142,9 +152,9 @@ def test_build_refuses_existing_output(engines):
         build_engines(load_config(TINY), engines, log=lambda *a, **k: None)
 
 
-def test_int8_draft_is_lossless(engines):
+def test_int8_draft_is_lossless(torch_engines):
     """A weight-only int8 draft changes only acceptance, never the output."""
-    gen = load_generator(engines, backend="torch")
+    gen = load_generator(torch_engines)
     from trtspec.engines.quantize import quantize_decoder
     from trtspec.engines.torch_engine import TorchEngine
     from trtspec.runtime.generator import Generator
@@ -168,7 +178,8 @@ def test_quantized_target_refused(tmp_path):
 def test_cli_inspect_compare(engines):
     res = CliRunner().invoke(main, ["inspect", "--engines", str(engines), "--compare"])
     assert res.exit_code == 0, res.output
-    assert "hashes OK" in res.output and "onnx_fp32" in res.output
+    assert "hashes OK" in res.output and "ort_fp32" in res.output
+    # The folder holds no torch weights: the torch reference is rebuilt from the config's source.
     line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime"))
     assert line.endswith("OK") and "argmax agreement 100%" in line
     assert "polygraphy" in res.output      # the TensorRT comparison says why it did not run

@@ -133,19 +133,24 @@ def test_completion_equals_trtspec_run(server, folder, strategy):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
 
 
-def test_token_id_prompt_and_chat_equal_trtspec_run(server, folder):
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_chat_equals_trtspec_run_chat(server, folder, strategy):
     c = server.client()
-    want = run_json(folder, PROMPTS[0], "staged", 16, chat=True)
+    want = run_json(folder, PROMPTS[0], strategy, 16, chat=True)
     msgs = [{"role": "user", "content": PROMPTS[0]}]
     got = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0,
-                                    extra_body=spec("staged"))
+                                    extra_body=spec(strategy))
     assert got.choices[0].message.content == want["text"] and got.choices[0].message.role == "assistant"
+    assert got.usage.completion_tokens == len(want["token_ids"])
     stream = c.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=16, temperature=0,
-                                       stream=True, extra_body=spec("staged"))
+                                       stream=True, extra_body=spec(strategy))
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == want["text"]
-    # A prompt given as token ids is the same request as its text.
+
+
+def test_token_id_prompt_equals_its_text(server, folder):
+    c = server.client()
     plain = run_json(folder, PROMPTS[1], "chain", 12)
     tok = server_tokenizer(folder)
     ids = tok(PROMPTS[1])["input_ids"]

@@ -32,19 +32,20 @@ def engines(tmp_path_factory):
     cfg.max_seq_len = 512
     cfg.build.optimize = False        # the ORT-optimized graph is tested on tiny models; saves CI time
     build_engines(cfg, out, backend="onnxruntime", log=lambda *a, **k: None)
-    return out
+    build_engines(cfg, out.with_name("torch"), backend="torch", log=lambda *a, **k: None)
+    return {"onnxruntime": out, "torch": out.with_name("torch")}
 
 
 @pytest.fixture(scope="module")
 def references(engines):
-    gen = load_generator(engines, backend="torch")
+    gen = load_generator(engines["torch"])
     return {p: gen.generate(gen.tokenizer(p)["input_ids"], strategy="ar", max_new_tokens=32).token_ids
             for p in PROMPTS}
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_greedy_strategies_equal_ar(engines, references, backend):
-    gen = load_generator(engines, backend=backend)
+    gen = load_generator(engines[backend])
     for prompt, ref in references.items():
         ids = gen.tokenizer(prompt)["input_ids"]
         if backend != "torch":
@@ -56,7 +57,7 @@ def test_greedy_strategies_equal_ar(engines, references, backend):
 
 
 def test_real_text_decodes(engines, references):
-    gen = load_generator(engines, backend="torch")
+    gen = load_generator(engines["torch"])
     text = gen.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)
     assert len(text.strip()) > 0
 
@@ -65,7 +66,7 @@ def test_real_text_decodes(engines, references):
 def test_batch_invariance(engines, references, backend):
     """Every strategy, all at once in one batch (two prompts each, different lengths): each output
     equals that prompt's solo `ar` output."""
-    gen = load_generator(engines, backend=backend, slots=8)
+    gen = load_generator(engines[backend], slots=8)
     jobs = [(p, s, n) for i, s in enumerate(("ar", "chain", "ngram", "staged", "dyspec", "gsd", "cascade"))
             for p, n in ((PROMPTS[i % 2], 32), (PROMPTS[(i + 1) % 2], 12 + i))]
     handles = [gen.submit(gen.tokenizer(p)["input_ids"], strategy=s, max_new_tokens=n) for p, s, n in jobs]

@@ -7,8 +7,12 @@
     DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
     DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (backend tensorrt: needs TensorRT and a GPU)
 
-What is built follows the backend asked for: torch writes weights only; onnxruntime adds the ONNX
-graphs; tensorrt adds plans and is refused up front where TensorRT or a GPU is missing.
+What is built follows the backend asked for, and the folder holds the weights once: torch writes
+weights.safetensors only; onnxruntime writes the ORT-optimized graph only (the plain ONNX it was
+optimized from is deleted; kept instead for `device: cuda`, for bf16 and with `build.optimize:
+false`); tensorrt writes the plain ONNX and the plans, and is refused up front where TensorRT or a
+GPU is missing. A folder runs the backend it was built for; `trtspec inspect --compare` rebuilds
+the torch reference from the config's source when the folder has no torch weights.
 
 Built in DIR.partial-PID and renamed at the end, so an interrupted build leaves no half folder.
 """
@@ -70,8 +74,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     from ..export.spec import SpecError
     from ..export.tokenizer import check_same_vocab, eos_token_ids, save_tokenizer
 
-    want_onnx = backend in ("onnxruntime", "tensorrt")
-    want_plans = backend == "tensorrt"          # build_engines refused it already where it cannot run
+    want_onnx = backend in ("onnxruntime", "tensorrt")   # tensorrt: build_engines refused it where it cannot run
     roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
 
     tok = load_tokenizer_for(cfg.target)
@@ -82,7 +85,8 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     models = {}
     stop_ids: set[int] = set()
     for role, entry in roles:
-        stages = ["load"] + ["weights"] + [f"onnx {d}" for d in (cfg.build.onnx_dtypes if want_onnx else [])]
+        stages = ["load"] + ([] if want_onnx else ["weights"]) + [f"onnx {d}" for d in
+                                                                  (cfg.build.onnx_dtypes if want_onnx else [])]
         bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
         folder = out / role
         folder.mkdir()
@@ -100,14 +104,14 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
                                       f"trained for ({model.spec.max_position_embeddings} positions); lower "
                                       "max_seq_len in the config")
                 info["spec"] = model.spec.to_dict()
+                info["io"] = io_spec(model.spec, entry.dtype)
                 if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
                     stop_ids = eos_token_ids(tok, model.spec)
             elif stage == "weights":
                 save_file(_weights(model), str(folder / "weights.safetensors"))
                 info["artifacts"]["weights"] = f"{role}/weights.safetensors"
-                info["io"] = io_spec(model.spec, entry.dtype)
             else:
-                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], want_plans))
+                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], backend))
         models[role] = info
         del model
     return {
@@ -120,7 +124,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     }
 
 
-def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, plans: bool) -> dict[str, str]:
+def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str) -> dict[str, str]:
     from ..export.onnx_export import export_onnx, optimize_for_ort
 
     arts: dict[str, str] = {}
@@ -128,11 +132,15 @@ def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, 
     path = folder / f"model.{dt}.onnx"
     export_onnx(m, path, opset=cfg.build.opset)
     arts[f"onnx_{dt}"] = f"{role}/{path.name}"
-    if cfg.build.optimize and dt != "bf16":   # ONNX Runtime's CPU optimizer has no bf16 kernels
+    # ONNX Runtime's CPU optimizer has no bf16 kernels; its fused graph is for the CPU provider.
+    if backend == "onnxruntime" and cfg.build.optimize and dt != "bf16" and cfg.device == "cpu":
         opt = folder / f"model.{dt}.ort.onnx"
         optimize_for_ort(path, opt)
         arts[f"ort_{dt}"] = f"{role}/{opt.name}"
-    if plans:
+        for f in (path, path.with_name(path.name + ".data")):    # one copy of the weights per folder
+            f.unlink(missing_ok=True)
+        del arts[f"onnx_{dt}"]
+    if backend == "tensorrt":
         plan = folder / f"model.{dt}.plan"
         # Batched steps pad the past to the longest row and T to the batch's: allow that headroom.
         build_plan(path, plan, model.spec, cfg.max_seq_len + MAX_BATCH_TOKENS, PREFILL_CHUNK, max_step_tokens=128,

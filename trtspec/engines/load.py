@@ -39,14 +39,24 @@ def engines_for_config(cfg: Config, log=print, backend: str | None = None) -> Pa
     return build_engines(cfg, folder, force=True, log=log)
 
 
+def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
+    """The torch Decoder of an engine folder's `role`: its weights.safetensors, or, for a folder built
+    for ONNX Runtime / TensorRT (which holds the weights once, in its own format), rebuilt from the
+    manifest config's source (tools that need a torch reference: inspect --compare, HF peers)."""
+    if "weights" in info["artifacts"]:
+        state = load_file(str(folder / info["artifacts"]["weights"]))
+        return Decoder.from_state(ModelSpec.from_dict(info["spec"]), state, DTYPES[info["dtype"]])
+    from ..export.sources import load_model
+    cfg = Config.from_dict(config)
+    return load_model(cfg.target if role == "target" else cfg.draft, role)
+
+
 def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none",
                 device: str = "cpu", cuda_graphs: bool = False) -> Engine:
     spec = ModelSpec.from_dict(info["spec"])
     arts = info["artifacts"]
-    dtype = info["dtype"]
     if backend == "torch":
-        state = load_file(str(folder / arts["weights"]))
-        model = Decoder.from_state(spec, state, DTYPES[dtype])
+        model = Decoder.from_state(spec, load_file(str(folder / arts["weights"])), DTYPES[info["dtype"]])
         from .quantize import quantize_decoder
         from .torch_engine import TorchEngine
         model = quantize_decoder(model, quantize)

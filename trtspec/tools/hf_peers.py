@@ -95,14 +95,17 @@ def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: 
 
 
 def hf_model_from_engine(folder: str | Path, role: str = "target", dtype: torch.dtype | None = None):
-    """The transformers model of an engine folder's `role` (target / draft), from weights.safetensors."""
-    from safetensors.torch import load_file
+    """The transformers model of an engine folder's `role` (target / draft), on the same weights
+    (engines.load.torch_model: the folder's torch weights, or the config's source)."""
+    from ..engines.load import torch_model
 
     folder = Path(folder)
-    info = json.loads((folder / "manifest.json").read_text())["models"][role]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    info = manifest["models"][role]
     spec = ModelSpec.from_dict(info["spec"])
     dtype = dtype or DTYPES[info["dtype"]]
-    return hf_model_from_state(spec, load_file(str(folder / info["artifacts"]["weights"])), dtype)
+    state = torch_model(folder, role, info, manifest["config"]).state_dict()
+    return hf_model_from_state(spec, state, dtype)
 
 
 class ForwardTimer:

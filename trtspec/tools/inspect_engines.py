@@ -2,7 +2,8 @@
 
 `--compare` runs one identical step (a prefilled cache, then a random token tree) through every
 backend that can run here, via the shared Engine interface, and reports the largest logit
-difference and argmax agreement against the torch engine. Where TensorRT and polygraphy both exist,
+difference and argmax agreement against the torch engine (the folder's weights, or for an ONNX
+Runtime / TensorRT folder the model rebuilt from the config's source). Where TensorRT and polygraphy both exist,
 polygraphy's Comparator also checks the ONNX graph under TensorRT vs ONNX Runtime (not exercised in
 CI: neither can be installed there).
 """
@@ -13,7 +14,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config
-from ..engines.load import load_engine
+from ..engines.load import load_engine, torch_model
+from ..engines.torch_engine import TorchEngine
 from ..engines.manifest import verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
 from ..runtime.runner import ModelRunner, drive
@@ -29,8 +31,8 @@ def describe(folder: Path) -> list[str]:
         lines.append(f"{role}: {info['source']} · {s['arch']} {s['num_layers']} layers, hidden {s['hidden_size']}, "
                      f"heads {s['num_heads']}/{s['num_kv_heads']}, vocab {s['vocab_size']} · {info['dtype']}")
         for name, rel in info["artifacts"].items():
-            size = m["files"][rel]["bytes"] / 2**20
-            lines.append(f"  {name:<10} {rel} ({size:.1f} MiB)")
+            size = sum(m["files"][f]["bytes"] for f in (rel, rel + ".data") if f in m["files"]) / 2**20
+            lines.append(f"  {name:<10} {rel} ({size:.1f} MiB{' with its .data' if rel + '.data' in m['files'] else ''})")
     return lines
 
 
@@ -51,7 +53,10 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
     results, lines = {}, []
     for backend in backends:
         try:
-            engine = load_engine(folder, role, info, backend, threads=cfg.threads)
+            if backend == "torch":                # the reference: the folder's weights, or the source's
+                engine = TorchEngine(torch_model(folder, role, info, m["config"]))
+            else:
+                engine = load_engine(folder, role, info, backend, threads=cfg.threads)
         except Exception as e:                    # a backend that cannot run this folder here
             lines.append(f"{backend:<12} skipped: {e}")
             continue
