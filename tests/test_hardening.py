@@ -109,6 +109,14 @@ def test_bad_config_is_one_line_naming_key_and_value(tmp_path, path, value, word
         assert w in msg, (w, msg)
 
 
+def test_int8_draft_is_a_torch_option(tmp_path):
+    d = _set(tiny_dict(), "draft.quantize", "int8")
+    assert load_config(write_config(tmp_path, d)).draft.quantize == "int8"          # torch: applied at load
+    d["backend"] = "onnxruntime"
+    with pytest.raises(ConfigError, match="draft.quantize: int8 is applied by the torch backend only"):
+        load_config(write_config(tmp_path, d))
+
+
 def test_tree_too_big_for_the_kv_capacity_is_refused_at_load(tmp_path):
     d = _set(tiny_dict(), "strategies.gsd", {"max_draft_nodes": 200, "budget": 8})
     d["max_seq_len"] = 64

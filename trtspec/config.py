@@ -132,6 +132,10 @@ class Config(Strict):
         if self.target.quantize != "none":
             raise ValueError("target.quantize: quantize is for drafts only (a quantized target would change "
                              "the output); remove it and use target.dtype for the target's precision")
+        if self.draft is not None and self.draft.quantize != "none" and self.backend != "torch":
+            raise ValueError(f"draft.quantize: {self.draft.quantize} is applied by the torch backend only; backend "
+                             f"{self.backend} runs the exported graph as built: remove draft.quantize or use "
+                             "backend torch")
         if self.backend == "onnxruntime" and not {"fp32", "fp16"} & set(self.build.onnx_dtypes):
             raise ValueError("backend onnxruntime needs fp32 or fp16 in build.onnx_dtypes (its CPU kernels have "
                              "no bf16)")
