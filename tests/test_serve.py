@@ -30,7 +30,7 @@ from trtspec.cli import main
 from trtspec.config import Config, load_config
 from trtspec.engines.build import build_engines
 from trtspec.runtime.strategies import STRATEGIES
-from trtspec.serve.text import TextStream
+from trtspec.runtime.text import TextStream
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "tiny-random"

@@ -30,6 +30,7 @@ from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .strategies import Strategy, make_strategy
+from .text import TextStream
 
 __all__ = ["Generator", "GenerationResult", "check_capacity", "check_strategy", "room_for"]
 
@@ -110,20 +111,18 @@ class Generator:
 
 
 def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:
-    """Text pieces of a stream of token lists; re-decodes the whole output so multi-token characters
-    come out whole. Returns the stream's return value."""
-    toks: list[int] = []
-    shown = ""
+    """Text pieces of a stream of token lists, each final (TextStream: a character split across
+    tokens comes out whole). Returns the stream's return value."""
+    text = TextStream(tokenizer)
     while True:
         try:
             emitted = next(steps)
         except StopIteration as done:
+            if tail := text.finish():
+                yield tail
             return done.value
-        toks += emitted
-        text = tokenizer.decode(toks, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):
-            yield text[len(shown):]
-            shown = text
+        if piece := text.feed(emitted):
+            yield piece
 
 
 def check_strategy(strat: Strategy, has_draft: bool) -> None:

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ..export.contract import CONTRACT_VERSION
 from ..runtime.generator import Generator
 from ..runtime.strategies import STRATEGIES
+from ..tools.datasets import Prompt, encode, has_chat_template
 from .jobs import Job, follow, outcome, start
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, validation_error
@@ -83,16 +84,15 @@ def make_app(svc: Service) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         check_model(svc, body.model)
-        if not getattr(svc.tokenizer, "chat_template", None):
+        if not has_chat_template(svc.tokenizer):
             raise ApiError(400, f"model {svc.model!r} has no chat template; use /v1/completions", param="messages")
         messages = [{"role": m.template_role, "content": m.text()} for m in body.messages]
         check_size(svc, "".join(m["content"] for m in messages), "messages")
         try:
-            ids = svc.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = encode(Prompt(id="request", messages=messages), svc.tokenizer)   # run's and bench's encoder
         except Exception as e:                       # noqa: BLE001 - jinja's TemplateError and kin
             raise ApiError(400, f"the model's chat template refused these messages: {e}", param="messages")
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        return await respond(svc, body, start(svc, body, [int(t) for t in ids]), request, chat=True)
+        return await respond(svc, body, start(svc, body, ids), request, chat=True)
 
     @app.get("/v1/models")
     async def models():

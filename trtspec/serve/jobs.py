@@ -19,8 +19,8 @@ from ..runtime.request import Handle
 from ..runtime.sampling import SamplingParams
 from ..runtime.scheduler import QueueFull
 from ..runtime.strategies import STRATEGIES, make_strategy
+from ..runtime.text import TextStream
 from .protocol import ApiError, ChatRequest, Speculative, _Sampling
-from .text import TextStream
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions; chat defaults to what fits
 SERVER_SIDE_OPTIONS = ("bigram",)      # options naming files on the server: config only

@@ -3,7 +3,8 @@
 Two things keep text back: a trailing incomplete UTF-8 character (a multi-byte character split
 across tokens decodes to U+FFFD until its last byte arrives), and a tail that could still become a
 stop string. A stop string is matched in the decoded text, so across token boundaries, and is
-never released: the text ends just before it.
+never released: the text ends just before it. The one detokenizer of the project: `trtspec run`'s
+stream and `Generator.stream_text` (decode_pieces) and the server (serve/jobs.py) all use it.
 """
 from __future__ import annotations
 
