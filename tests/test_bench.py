@@ -286,6 +286,26 @@ def test_bad_datasets_and_options(engines, tmp_path):
     assert_one_line_error(invoke("--dataset", "humaneval"), "--config")
 
 
+def test_llama_cpp_peer_says_what_is_missing(engines, tmp_path, monkeypatch):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": 1, "prompt": "x"}\n')
+    common = ("--dataset", good, "--engines", engines, "--strategies", "ar", "--output", tmp_path / "o")
+    import trtspec.tools.llamacpp_peers as lp
+    monkeypatch.delenv("TRTSPEC_LLAMA_SERVER", raising=False)
+    monkeypatch.setattr(lp, "BUILT", Path("no/such/llama-server"))      # not built here, not on PATH
+    monkeypatch.setattr(lp.shutil, "which", lambda name: None)
+    assert_one_line_error(invoke(*common, "--peers", "llama.cpp"), "llama-server is not installed here",
+                          "make llama-cpp")
+    monkeypatch.setenv("TRTSPEC_LLAMA_SERVER", str(tmp_path / "no-such-binary"))
+    assert_one_line_error(invoke(*common, "--peers", "llama.cpp"), "no-such-binary is not a file")
+    fake = tmp_path / "llama-server"               # present, but the folder's models are not GGUF files
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRTSPEC_LLAMA_SERVER", str(fake))
+    assert_one_line_error(invoke(*common, "--peers", "llama.cpp-spec"), "peer llama.cpp-spec runs the target's GGUF",
+                          "tiny:0")
+
+
 def test_missing_package_error(monkeypatch):
     import trtspec.tools.datasets as ds
     monkeypatch.setattr(ds.importlib.util, "find_spec", lambda name: None)

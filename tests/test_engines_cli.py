@@ -171,7 +171,7 @@ def test_int8_draft_is_lossless(torch_engines):
 def test_quantized_target_refused(tmp_path):
     bad = tmp_path / "q.yaml"
     bad.write_text("name: x\ntarget: {model: 'tiny:0', quantize: int8}\n")
-    with pytest.raises(ConfigError, match="drafts only"):
+    with pytest.raises(ConfigError, match="torch backend does not quantize targets; use backend onnxruntime"):
         load_config(bad)
 
 
@@ -180,8 +180,11 @@ def test_cli_inspect_compare(engines):
     assert res.exit_code == 0, res.output
     assert "hashes OK" in res.output and "ort_fp32" in res.output
     # The folder holds no torch weights: the torch reference is rebuilt from the config's source.
-    line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime"))
+    line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime  vs torch"))
     assert line.endswith("OK") and "argmax agreement 100%" in line
+    for backend in ("torch", "onnxruntime"):     # tree rows = one-token rows, per backend
+        line = next(l for l in res.output.splitlines() if l.startswith(f"{backend:<12} batch invariance"))
+        assert line.endswith("OK") and "argmax agreement 9/9" in line
     assert "polygraphy" in res.output      # the TensorRT comparison says why it did not run
 
 
@@ -202,3 +205,29 @@ def test_cli_chat_uses_the_template(engines, tmp_path):
                                     "--max-new-tokens", "4", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output.strip().splitlines()[-1])["stats"]["new_tokens"] == 4
+
+
+def test_quantized_onnxruntime_folder(tmp_path):
+    """int4 target + int8 draft as MatMulNBits graphs: the scheme is in the manifest, every strategy
+    reproduces the folder's own `ar`, and inspect checks batch invariance."""
+    cfg = load_config(TINY).with_backend("onnxruntime")
+    cfg.target.quantize, cfg.draft.quantize = "int4", "int8"
+    folder = build_engines(cfg, tmp_path / "q", log=lambda *a, **k: None)
+    models = verify(folder)["models"]
+    assert models["target"]["artifacts"] == {"ort_fp32": "target/model.fp32-int4.ort.onnx"}
+    assert (models["target"]["quantize"]["bits"], models["draft"]["quantize"]["bits"]) == (4, 8)
+    assert models["target"]["quantize"]["matmuls_quantized"] == 2 * 7 + 1      # 2 layers x 7 + the LM head
+    gen = load_generator(folder)
+    prompt = gen.tokenizer("for i in range(10):\n    print(i)\n")["input_ids"]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=24).token_ids
+    fp32 = load_generator(build_engines(load_config(TINY).with_backend("onnxruntime"), tmp_path / "f",
+                                        log=lambda *a, **k: None))
+    assert fp32.generate(prompt, strategy="ar", max_new_tokens=24).token_ids != ref   # it is another model
+    for strategy in ("chain", "ngram", "staged", "dyspec", "gsd", "cascade"):
+        assert gen.generate(prompt, strategy=strategy, max_new_tokens=24).token_ids == ref, strategy
+    res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare"])
+    assert res.exit_code == 0, res.output
+    assert "quantized  int4 weight-only: com.microsoft.MatMulNBits, block 32" in res.output
+    line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime  batch invariance"))
+    assert line.endswith("OK") and "argmax agreement 9/9" in line
+    assert "int4 weights: differs from fp32 by design" in res.output

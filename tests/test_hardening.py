@@ -7,6 +7,8 @@ embedding table differs from the target's, and the chat default that answers to 
 """
 from __future__ import annotations
 
+import copy
+
 import json
 import math
 from pathlib import Path
@@ -85,7 +87,8 @@ def _set(d: dict, path: str, value) -> dict:
     ("strategies.chain", {"k": 300}, ["strategies.chain.k", "300", "less than or equal to 255"]),
     ("strategy", "turbo", ["'turbo'", "ar, chain"]),
     ("target.quant", "int8", ["target.quant", "unknown key", "allowed: model, dtype"]),
-    ("target.quantize", "int8", ["quantize is for drafts only"]),
+    ("target.quantize", "int8", ["target.quantize: int8", "does not quantize targets", "backend onnxruntime"]),
+    ("draft.quantize", "int4", ["draft.quantize: int4", "no int4 kernels", "int8"]),
     ("build.opset", 17, ["build.opset", "17", "greater than or equal to 18"]),
     ("build.opset", MAX_OPSET + 1, ["build.opset", "less than or equal to"]),
     ("build.optimise", True, ["build.optimise", "unknown key", "optimize"]),
@@ -109,12 +112,23 @@ def test_bad_config_is_one_line_naming_key_and_value(tmp_path, path, value, word
         assert w in msg, (w, msg)
 
 
-def test_int8_draft_is_a_torch_option(tmp_path):
+def test_quantize_options_per_backend(tmp_path):
     d = _set(tiny_dict(), "draft.quantize", "int8")
-    assert load_config(write_config(tmp_path, d)).draft.quantize == "int8"          # torch: applied at load
-    d["backend"] = "onnxruntime"
-    with pytest.raises(ConfigError, match="draft.quantize: int8 is applied by the torch backend only"):
-        load_config(write_config(tmp_path, d))
+    torch_cfg = load_config(write_config(tmp_path, d))
+    assert torch_cfg.draft.quantize == "int8"                                         # torch: applied at load
+    d = _set(_set(d, "target.quantize", "int4"), "backend", "onnxruntime")           # onnxruntime: built in
+    ort_cfg = load_config(write_config(tmp_path, d))
+    assert (ort_cfg.target.quantize, ort_cfg.draft.quantize) == ("int4", "int8")
+    # The quantized graph is a build input: it names another engine folder; torch's load-time int8 does not.
+    plain = load_config(write_config(tmp_path, _set(copy.deepcopy(d), "target.quantize", "none")))
+    assert ort_cfg.digest() != plain.digest()
+    assert torch_cfg.digest() == load_config(write_config(tmp_path, tiny_dict())).digest()
+    for key, value, words in (("backend", "tensorrt", "never ran here"),
+                              ("target.dtype", "fp16", "set target.dtype fp32"),
+                              ("target.quantize", "int8", "quantize the target to int4, or only the draft"),
+                              ("device", "cuda", "quantized engines run on CPU")):
+        with pytest.raises(ConfigError, match=words):
+            load_config(write_config(tmp_path, _set(copy.deepcopy(d), key, value)))
 
 
 def test_tree_too_big_for_the_kv_capacity_is_refused_at_load(tmp_path):

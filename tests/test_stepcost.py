@@ -12,3 +12,31 @@ def test_step_costs_shape_and_cache_untouched():
     assert [r["T"] for r in rows] == [1, 2, 8]
     assert all(0 < r["min_s"] <= r["median_s"] for r in rows)
     assert runner.cache.length == 32 and runner.cache.scratch == 0
+
+
+def test_ort_profile_per_op_type(tmp_path):
+    """`stepcost --profile`: ORT's own trace, summed per op type for each T; its runs are the timed steps."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.config import load_config
+    from trtspec.engines.build import build_engines
+    from trtspec.tools.ort_profile import op_times
+    from trtspec.tools.stepcost import main
+
+    cfg = load_config("tiny-random").with_backend("onnxruntime")
+    folder = build_engines(cfg, tmp_path / "e", log=lambda *a, **k: None)
+    res = CliRunner().invoke(main, ["--engines", str(folder), "--tokens", "1,8", "--cached", "16",
+                                    "--repeats", "2", "--profile", str(tmp_path / "prof")])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(l) for l in res.output.splitlines() if l.startswith("{")]
+    assert [r["T"] for r in rows] == [1, 8] and rows[0]["backend"] == "onnxruntime"
+    assert "| MatMul |" in res.output and "| whole step |" in res.output
+    (trace,) = (tmp_path / "prof").glob("target_*.json")
+    prof = op_times(trace, [1, 8], 2)
+    for t in (1, 8):      # node time sits inside the step's wall time
+        assert 0 < sum(prof[t]["ops"].values()) <= prof[t]["step_ms"]
+    torch_folder = build_engines(load_config("tiny-random"), tmp_path / "t", log=lambda *a, **k: None)
+    bad = CliRunner().invoke(main, ["--engines", str(torch_folder), "--profile", str(tmp_path / "p2")])
+    assert bad.exit_code == 2 and "profiles are ONNX Runtime's; this run uses backend torch" in bad.output

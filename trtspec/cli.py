@@ -187,7 +187,9 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
 @click.option("--strategies", default="ar,chain,staged,gsd,dyspec,cascade", show_default=True,
               help="Comma-separated; ar is always added (the baseline).")
 @click.option("--peers", default="hf,hf-assisted,hf-lookup", show_default=True,
-              help="Hugging Face transformers peers on the same weights, or 'none'.")
+              help="Peers, comma-separated, or 'none': hf, hf-assisted, hf-lookup (transformers on the same "
+                   "weights); llama.cpp, llama.cpp-spec (llama-server on the same GGUF files, plain and with "
+                   "the draft; build it once with `make llama-cpp`).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="First N prompts (default: all).")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
               help="Every N-th prompt, before --limit (MT-Bench is sorted by category: --stride 4 "

@@ -66,7 +66,9 @@ class ModelEntry(Strict):
     dtype: Dtype = "fp32"
     tiny: TinyOptions = Field(default_factory=TinyOptions)   # tiny:SEED only
     layers: Annotated[int, Field(ge=0, le=1000)] = 0   # >0: keep only the first N layers: a self-draft
-    quantize: Literal["none", "int8"] = "none"          # draft only: weight-only dynamic int8 (torch)
+    # Weight-only: onnxruntime builds MatMulNBits graphs (target int4; draft int4 / int8); torch
+    # quantizes a draft to dynamic int8 at load. A quantized target *is* the target (lossless = its ar).
+    quantize: Literal["none", "int8", "int4"] = "none"
 
     @field_validator("model")
     @classmethod
@@ -129,13 +131,29 @@ class Config(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
         from .runtime.strategies import STRATEGIES, make_strategy
-        if self.target.quantize != "none":
-            raise ValueError("target.quantize: quantize is for drafts only (a quantized target would change "
-                             "the output); remove it and use target.dtype for the target's precision")
-        if self.draft is not None and self.draft.quantize != "none" and self.backend != "torch":
-            raise ValueError(f"draft.quantize: {self.draft.quantize} is applied by the torch backend only; backend "
-                             f"{self.backend} runs the exported graph as built: remove draft.quantize or use "
-                             "backend torch")
+        for role, entry in (("target", self.target), ("draft", self.draft)):
+            if entry is None or entry.quantize == "none":
+                continue
+            q = f"{role}.quantize: {entry.quantize}"
+            if self.backend == "tensorrt":
+                raise ValueError(f"{q}: quantized engines are built for backend onnxruntime (TensorRT plans of "
+                                 "them never ran here); use backend onnxruntime, or remove quantize")
+            if self.backend == "torch" and role == "target":
+                raise ValueError(f"{q}: the torch backend does not quantize targets; use backend onnxruntime with "
+                                 "target.quantize int4")
+            if self.backend == "torch" and entry.quantize != "int8":
+                raise ValueError(f"{q}: the torch backend has no int4 kernels: set draft.quantize int8 (torch's "
+                                 "dynamic int8) or none, or use backend onnxruntime")
+            if self.device == "cuda":
+                raise ValueError(f"{q}: quantized engines run on CPU (ONNX Runtime's CUDA path for them never ran "
+                                 "here); set device: cpu, or remove quantize")
+            if self.backend == "onnxruntime" and role == "target" and entry.quantize == "int8":
+                raise ValueError(f"{q}: ONNX Runtime's int8 kernel quantizes activations too, which makes a tree's "
+                                 "logits differ from one-token steps (strategies would not reproduce ar), and it has "
+                                 "no fast fp32-activation int8 kernel: quantize the target to int4, or only the draft")
+            if self.backend == "onnxruntime" and (entry.dtype != "fp32" or self.build.onnx_dtypes != ["fp32"]):
+                raise ValueError(f"{q}: ONNX Runtime quantizes the fp32 graph (its MatMulNBits kernels take fp32 "
+                                 f"activations on CPU): set {role}.dtype fp32 and build.onnx_dtypes [fp32]")
         if self.backend == "onnxruntime" and not {"fp32", "fp16"} & set(self.build.onnx_dtypes):
             raise ValueError("backend onnxruntime needs fp32 or fp16 in build.onnx_dtypes (its CPU kernels have "
                              "no bf16)")
@@ -193,8 +211,8 @@ class Config(Strict):
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
         for k in ("device", "cuda_graphs", "buckets", "slots"):   # runtime choices, not build inputs
             keep.pop(k, None)
-        for role in ("target", "draft"):       # quantization happens at load, not at build
-            if keep.get(role):
+        for role in ("target", "draft"):       # torch quantizes at load; onnxruntime builds it into the graph
+            if keep.get(role) and (keep[role].get("quantize") == "none" or self.backend == "torch"):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 

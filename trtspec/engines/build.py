@@ -5,6 +5,7 @@
     DIR/{target,draft}/weights.safetensors   torch engine (dequantized, in the config dtype)
     DIR/{target,draft}/model.{dtype}.onnx    the step contract as ONNX (onnxruntime / tensorrt)
     DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
+    DIR/{target,draft}/model.fp32-{int4,int8}[.ort].onnx  the same, weight-only (`quantize:`)
     DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (backend tensorrt: needs TensorRT and a GPU)
 
 What is built follows the backend asked for, and the folder holds the weights once: torch writes
@@ -50,6 +51,7 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
                   log=click.echo) -> Path:
     output = Path(output)
     backend = backend or cfg.backend
+    cfg = cfg.with_backend(backend)          # the backend's own config rules, before anything is built
     if output.exists() and not force:
         raise EngineError(f"{output} already exists; pass --force to replace it or choose another --output")
     if backend == "tensorrt" and (reason := tensorrt_unavailable_reason()):
@@ -85,7 +87,8 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     models = {}
     stop_ids: set[int] = set()
     for role, entry in roles:
-        stages = ["load"] + ([] if want_onnx else ["weights"]) + [f"onnx {d}" for d in
+        q = f" {entry.quantize}" if entry.quantize != "none" else ""
+        stages = ["load"] + ([] if want_onnx else ["weights"]) + [f"onnx {d}{q}" for d in
                                                                   (cfg.build.onnx_dtypes if want_onnx else [])]
         bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
         folder = out / role
@@ -111,7 +114,8 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
                 save_file(_weights(model), str(folder / "weights.safetensors"))
                 info["artifacts"]["weights"] = f"{role}/weights.safetensors"
             else:
-                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], backend))
+                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], backend,
+                                                      entry.quantize, info))
         models[role] = info
         del model
     return {
@@ -124,17 +128,24 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     }
 
 
-def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str) -> dict[str, str]:
+def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str, quantize: str,
+                 info: dict) -> dict[str, str]:
     from ..export.onnx_export import export_onnx, optimize_for_ort
 
     arts: dict[str, str] = {}
     m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
     path = folder / f"model.{dt}.onnx"
     export_onnx(m, path, opset=cfg.build.opset)
+    if quantize != "none":              # the config allows it for onnxruntime fp32 only
+        from .quantize import quantize_onnx
+        fp32, path = path, folder / f"model.{dt}-{quantize}.onnx"
+        info["quantize"] = quantize_onnx(fp32, path, quantize, role)
+        for f in (fp32, fp32.with_name(fp32.name + ".data")):
+            f.unlink(missing_ok=True)
     arts[f"onnx_{dt}"] = f"{role}/{path.name}"
     # ONNX Runtime's CPU optimizer has no bf16 kernels; its fused graph is for the CPU provider.
     if backend == "onnxruntime" and cfg.build.optimize and dt != "bf16" and cfg.device == "cpu":
-        opt = folder / f"model.{dt}.ort.onnx"
+        opt = path.with_name(path.name.replace(".onnx", ".ort.onnx"))
         optimize_for_ort(path, opt)
         arts[f"ort_{dt}"] = f"{role}/{opt.name}"
         for f in (path, path.with_name(path.name + ".data")):    # one copy of the weights per folder

@@ -52,7 +52,7 @@ def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
 
 
 def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none",
-                device: str = "cpu", cuda_graphs: bool = False) -> Engine:
+                device: str = "cpu", cuda_graphs: bool = False, profile_prefix: str | None = None) -> Engine:
     spec = ModelSpec.from_dict(info["spec"])
     arts = info["artifacts"]
     if backend == "torch":
@@ -73,7 +73,8 @@ def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int,
         from .onnxruntime_engine import OrtEngine
         for key in BACKEND_ARTIFACTS["onnxruntime"]:              # preferred first
             if key in arts:
-                return OrtEngine(folder / arts[key], spec, intra_op_threads=threads or None)
+                return OrtEngine(folder / arts[key], spec, intra_op_threads=threads or None,
+                                 profile_prefix=profile_prefix)
         raise EngineError(f"{folder}: no ONNX model for {role} that ONNX Runtime on CPU can run (fp32/fp16); "
                           "rebuild with --backend onnxruntime and build.onnx_dtypes: [fp32]")
     if backend == "tensorrt":
@@ -130,6 +131,14 @@ def check_runnable(cfg: Config) -> None:
                           "or run on a machine with a GPU (and torch built with CUDA)")
 
 
+def load_role(folder: Path, role: str, manifest: dict, cfg: Config, backend: str, threads: int,
+              profile_prefix: str | None = None) -> Engine:
+    """The engine of `role` as the config runs it (device, CUDA graphs, a torch draft's int8)."""
+    quantize = cfg.draft.quantize if role == "draft" else "none"
+    return load_engine(folder, role, manifest["models"][role], backend, threads, quantize=quantize,
+                       device=cfg.device, cuda_graphs=cfg.cuda_graphs, profile_prefix=profile_prefix)
+
+
 def load_tokenizer(folder: str | Path, manifest: dict):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(Path(folder) / manifest["tokenizer"]))
@@ -145,12 +154,8 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     threads = cfg.threads if threads is None else threads
     if threads:
         torch.set_num_threads(threads)
-    models = manifest["models"]
-    where = dict(device=cfg.device, cuda_graphs=cfg.cuda_graphs)
-    target = load_engine(folder, "target", models["target"], backend, threads, **where)
-    draft = None
-    if "draft" in models:
-        draft = load_engine(folder, "draft", models["draft"], backend, threads, quantize=cfg.draft.quantize, **where)
+    target = load_role(folder, "target", manifest, cfg, backend, threads)
+    draft = load_role(folder, "draft", manifest, cfg, backend, threads) if "draft" in manifest["models"] else None
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,

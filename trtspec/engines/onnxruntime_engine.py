@@ -33,7 +33,8 @@ class OrtEngine(Engine):
     logits_in_own_buffer = True
 
     def __init__(self, onnx_path: str | os.PathLike, spec: ModelSpec, providers: list | None = None,
-                 intra_op_threads: int | None = None, max_logit_rows: int = 64, allow_spinning: bool = False):
+                 intra_op_threads: int | None = None, max_logit_rows: int = 64, allow_spinning: bool = False,
+                 profile_prefix: str | None = None):
         self.spec = spec
         self.providers = providers or ["CPUExecutionProvider"]
         first = self.providers[0] if isinstance(self.providers[0], str) else self.providers[0][0]
@@ -54,6 +55,8 @@ class OrtEngine(Engine):
         # needs those cores (and on a shared 2-core box spinning doubled step time). Opt back in
         # with allow_spinning=True on dedicated cores.
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
+        if profile_prefix:              # ORT's own profiler: one JSON trace of every node (stepcost --profile)
+            so.enable_profiling, so.profile_file_prefix = True, profile_prefix
         self.session = ort.InferenceSession(str(onnx_path), so, providers=self.providers)
         self.in_names, self.out_names = io_names(spec.num_layers)
         got = [i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()]

@@ -1,9 +1,11 @@
-"""`trtspec bench`: our strategies against each other and against Hugging Face transformers.
+"""`trtspec bench`: our strategies against each other, Hugging Face transformers and llama.cpp.
 
     trtspec bench --config qwen2.5-coder-1.5b --dataset humaneval --limit 20 --max-new-tokens 128
     trtspec bench --engines engines/tiny --dataset prompts.jsonl --strategies ar,chain,ngram --peers hf
+    trtspec bench --config qwen2.5-coder-1.5b-int4 --dataset humaneval --peers llama.cpp,llama.cpp-spec
 
-What it measures, per prompt and in aggregate, for each "runner" (our strategies, then the HF peers):
+What it measures, per prompt and in aggregate, for each "runner" (our strategies, then the peers:
+hf_peers.py on the same weights, llamacpp_peers.py on the same GGUF files):
 
 - tokens/s; speedup over our `ar` and over HF greedy (`hf`) on the same prompt;
 - tokens per target step (tau), and its histogram from the per-step stats;
@@ -12,11 +14,14 @@ What it measures, per prompt and in aggregate, for each "runner" (our strategies
 - a zero-overhead ceiling (below) and measured / ceiling;
 - peak memory: VmHWM of the process, reset before each run where the kernel allows
   (/proc/self/clear_refs); it is process-wide, so it includes every model loaded (ours and HF's);
-  on CUDA also torch.cuda.max_memory_allocated per run (the CUDA path is untested here: no GPU);
+  llama.cpp peers: their server process's; on CUDA also torch.cuda.max_memory_allocated per run
+  (the CUDA path is untested here: no GPU);
 - exact agreement of every output with our `ar` (`first_divergence` = first differing index).
 
 Fairness: all runners produce exactly --max-new-tokens tokens (our stop ids are cleared for the
-benchmark, HF's EOS is disabled), on the same weights, dtype and threads, in one process. Runners
+benchmark, HF's EOS is disabled, llama.cpp ignores its EOS), with the same threads; HF peers run the
+same weights in the same dtype in this process, llama.cpp peers the GGUF files the folder was built
+from, in a llama-server process each (see llamacpp_peers.py for what its timings mean). Runners
 are interleaved per prompt (A B C A B C ...) so machine drift hits all alike; one warm-up run of
 each runner (on the first prompt, at most 16 tokens) is excluded.
 
@@ -39,7 +44,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import re
 import shlex
 import sys
 import time
@@ -53,9 +57,13 @@ import torch
 
 from ..errors import RequestError
 from .datasets import Prompt, encode, load_prompts
+from .memory import reset_peak_rss, status_mb
+from .hf_peers import PEERS as HF_PEERS
+from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
 
 DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
 DEFAULT_PEERS = "hf,hf-assisted,hf-lookup"
+PEERS = {**dict.fromkeys(HF_PEERS, "hf"), **dict.fromkeys(LLAMA_CPP_PEERS, "llama.cpp")}   # name -> family
 SUM_KEYS = ("new_tokens", "seconds", "target_steps", "draft_seconds", "verify_seconds", "prefill_seconds",
             "other_seconds", "draft_forwards", "target_forward_seconds", "draft_forward_seconds", "forward_seconds")
 FORMULAS = {
@@ -73,7 +81,8 @@ FORMULAS = {
     "forward_fraction": "forward_seconds / seconds: share of the wall time inside model forwards (all of them, "
                         "prefill included; HF: forward hooks on the target and assistant)",
     "first_divergence": "first index where the output differs from ar's (None = identical)",
-    "peak_rss_mb": "VmHWM of the whole process during the run (reset before each run when possible)",
+    "peak_rss_mb": "VmHWM of the whole process during the run (reset before each run when possible); "
+                   "llama.cpp peers: of their server process",
 }
 
 
@@ -110,29 +119,6 @@ def instrument(batcher):
 
 
 # --- memory and machine ------------------------------------------------------------------------
-
-def _status_mb(key: str) -> float | None:
-    try:
-        m = re.search(rf"^{key}:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
-    except OSError:
-        m = None
-    if m:
-        return int(m.group(1)) / 1024
-    if key == "VmHWM":
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: kB
-    return None
-
-
-def reset_peak_rss() -> bool:
-    """Reset the process's VmHWM (Linux >= 4.0); False where not allowed (peaks are then cumulative)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
 
 def machine_info(command: str | None = None) -> dict:
     import importlib.metadata as md
@@ -193,7 +179,7 @@ def ceiling_speedup(new_tokens: int, target_fwd: float, draft_fwd: float, ar_fwd
 
 
 class Bench:
-    """Loaded generator (+ HF peers), instrumented; `run(runner, ids, max_new)` -> record."""
+    """Loaded generator (+ peers), instrumented; `run(runner, ids, max_new)` -> record."""
 
     def __init__(self, folder: Path, opts: BenchOptions, strategy_options: dict | None = None,
                  backend: str | None = None, threads: int | None = None, config=None):
@@ -210,29 +196,40 @@ class Bench:
         self.folder = folder
         self.device = str(getattr(self.gen.target_engine, "device", "cpu"))
         self.cuda = self.device.startswith("cuda")
-        self.peers = None                  # load_peers(), once the prompts are known to encode
+        self.peers: dict = {}              # family -> its peers; load_peers(), once the prompts encode
         self.runners = list(opts.strategies) + list(opts.peers)
         self.max_tree = max(s.max_rows() for s in self.strategies.values())   # target tree or draft rows
 
-    def load_peers(self) -> None:
-        if self.opts.peers:
+    def load_peers(self, log_dir: Path) -> None:
+        want = {fam: [p for p in self.opts.peers if PEERS[p] == fam] for fam in set(map(PEERS.get, self.opts.peers))}
+        if "hf" in want:
             from .hf_peers import HFPeers
-            self.peers = HFPeers(self.folder, self.opts.peers, dtype=self.gen.target_engine.kv_dtype,
-                                 lookup_tokens=self.opts.lookup_tokens, device=self.device)
+            self.peers["hf"] = HFPeers(self.folder, want["hf"], dtype=self.gen.target_engine.kv_dtype,
+                                       lookup_tokens=self.opts.lookup_tokens, device=self.device)
+        if "llama.cpp" in want:
+            from .llamacpp_peers import LlamaCppPeers
+            self.peers["llama.cpp"] = LlamaCppPeers(self.gen.config.to_dict(), want["llama.cpp"],
+                                                    threads=torch.get_num_threads(), capacity=self.gen.capacity,
+                                                    log_dir=log_dir)
+
+    def close(self) -> None:
+        if "llama.cpp" in self.peers:
+            self.peers["llama.cpp"].close()
 
     def fits(self, ids: list[int]) -> bool:
         return len(ids) + self.opts.max_new_tokens + self.max_tree <= self.gen.capacity
 
     def run(self, runner: str, ids: list[int], max_new: int) -> dict:
-        rss_before = _status_mb("VmRSS")
+        rss_before = status_mb("VmRSS")
         reset_peak_rss()
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
         if runner in self.strategies:
             rec = self._run_ours(runner, ids, max_new)
         else:
-            tokens, stats = self.peers.run(runner, ids, max_new, self.opts.temperature, self.opts.seed)
-            rec = {"runner": runner, "kind": "hf", **stats, "target_forward_seconds": stats["verify_seconds"],
+            fam = PEERS[runner]
+            tokens, stats = self.peers[fam].run(runner, ids, max_new, self.opts.temperature, self.opts.seed)
+            rec = {"runner": runner, "kind": fam, **stats, "target_forward_seconds": stats["verify_seconds"],
                    "draft_forward_seconds": stats["draft_seconds"],
                    "forward_seconds": stats["verify_seconds"] + stats["draft_seconds"] + stats["prefill_seconds"],
                    "tokens_per_step_hist": {}, "token_ids": tokens}
@@ -240,7 +237,7 @@ class Bench:
         rec["overhead_fraction"] = rec["other_seconds"] / rec["seconds"] if rec["seconds"] > 0 else None
         rec["forward_fraction"] = rec["forward_seconds"] / rec["seconds"] if rec["seconds"] > 0 else None
         rec["rss_before_mb"] = rss_before
-        rec["peak_rss_mb"] = _status_mb("VmHWM")
+        rec.setdefault("peak_rss_mb", status_mb("VmHWM"))       # llama.cpp: its server process's
         if self.cuda:
             rec["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
         return rec
@@ -342,12 +339,6 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
     """Run the benchmark, write results.json / results.md / plots into `output`; return the results.
     `config`: the runtime choices to use (strategy options, draft quantization, ...), if not the
     ones recorded in the engine folder."""
-    import json
-
-    from tqdm import tqdm
-
-    from .bench_report import write_report
-
     if "ar" not in opts.strategies:
         opts.strategies = ["ar"] + list(opts.strategies)    # the baseline every speedup is relative to
     folder, output = Path(folder), Path(output)
@@ -368,7 +359,21 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
     if not encoded:
         raise RequestError("no prompt left to benchmark (all too long for the KV capacity); raise max_seq_len "
                            "or lower --max-new-tokens")
-    bench.load_peers()
+    try:
+        return _run_loaded(bench, encoded, skipped, opts, folder, output, command, settings, progress)
+    finally:
+        bench.close()
+
+
+def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path, output: Path, command, settings,
+                progress: bool) -> dict:
+    import json
+
+    from tqdm import tqdm
+
+    from .bench_report import write_report
+
+    bench.load_peers(output / "peer-logs")
 
     info = machine_info(command)
     warm_tokens = min(opts.max_new_tokens, opts.warmup_tokens)
@@ -403,13 +408,14 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         "settings": {
             **asdict(opts), "engines": str(folder), "config": cfg.name, "backend": bench.gen.backend, "device": bench.device,
             "target_dtype": cfg.target.dtype, "draft_dtype": cfg.draft.dtype if cfg.draft else None,
+            "target_quantize": cfg.target.quantize,
             "draft_quantize": getattr(cfg.draft, "quantize", None),   # HF's assistant is never quantized
             "kv_capacity": bench.gen.capacity, "runners": bench.runners,
             "strategy_options": {s: bench.gen.strategy_options.get(s, {}) for s in opts.strategies},
             "stop_ids_ignored": bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
                                                          f"{warm_tokens} tokens, not recorded",
             "peak_rss_reset_per_run": reset_peak_rss(),
-            "hf": bench.peers.settings() if bench.peers else None, **(settings or {})},
+            **{fam: peers.settings() for fam, peers in bench.peers.items()}, **(settings or {})},
         "formulas": FORMULAS,
         "prompts": records,
         "skipped": skipped,
@@ -431,7 +437,6 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     from ..engines.manifest import verify
     from ..runtime.strategies import STRATEGIES
     from .bench_report import aggregate_table
-    from .hf_peers import PEERS
 
     if not config_path and not engines_dir:
         raise RequestError("give --config PATH (engines are built once into the cache) and/or --engines DIR")

@@ -116,7 +116,9 @@ def markdown(results: dict) -> str:
         f"{' '.join(m.get('loadavg_end') or [])} at end",
         f"- trtspec {v.get('trtspec')}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
         f"python {m['python']}",
-        f"- backend {s['backend']} on {s.get('device', 'cpu')}, target {s['target_dtype']}, draft {s['draft_dtype']}"
+        f"- backend {s['backend']} on {s.get('device', 'cpu')}, target {s['target_dtype']}"
+        + (f" quantized {s['target_quantize']}" if s.get("target_quantize") not in (None, "none") else "")
+        + f", draft {s['draft_dtype']}"
         + (f" (our draft quantized: {s['draft_quantize']}; HF's assistant is not)"
            if s.get("draft_quantize") not in (None, "none") else "") + f"; {n} prompts"
         + (f" ({len(results['skipped'])} skipped: too long)" if results["skipped"] else "")
@@ -125,9 +127,17 @@ def markdown(results: dict) -> str:
         f"- strategy options: {s['strategy_options']}",
     ]
     if hf:
-        lines.append(f"- HF peers: {', '.join(s['peers'])}; dtype {hf['dtype']}, attention "
+        names = ", ".join(p for p in s["peers"] if p.startswith("hf"))
+        lines.append(f"- HF peers: {names}; dtype {hf['dtype']}, attention "
                      f"{hf['attn_implementation']}, assisted: {hf['assisted']}, prompt lookup "
-                     f"{hf['prompt_lookup_num_tokens']} tokens")
+                     f"{hf['prompt_lookup_num_tokens']} tokens"
+                     + (" (fp32 weights: HF runs the folder's source, not its quantized graph)"
+                        if s.get("target_quantize") not in (None, "none") else ""))
+    if llama := s.get("llama.cpp"):
+        lines.append(f"- llama.cpp peers ({llama['version']}): the GGUF files themselves, {llama['threads']} "
+                     f"threads; speculative: {llama['speculative']}; tok/s: {llama['tokens_per_s']}"
+                     + "".join(f"; {k.replace('_', ' ')}: {llama[k]}" for k in ("time_split", "peak_rss")
+                               if k in llama))      # runs recorded before these keys existed lack them
     lines += [f"- {s['warmup']}; runners interleaved per prompt in the order {', '.join(s['runners'])}", "",
               "## Aggregate", "", aggregate_table(results), "",
               "tok/s and × ar / × hf from the totals over all prompts (same token counts for all runners). "

@@ -3,7 +3,10 @@
 `--compare` runs one identical step (a prefilled cache, then a random token tree) through every
 backend that can run here, via the shared Engine interface, and reports the largest logit
 difference and argmax agreement against the torch engine (the folder's weights, or for an ONNX
-Runtime / TensorRT folder the model rebuilt from the config's source). Where TensorRT and polygraphy both exist,
+Runtime / TensorRT folder the model rebuilt from the config's source; for a quantized folder that
+difference is the quantization's, reported, not judged). It also checks each backend's batch
+invariance: every tree node's logits against the same path fed one token per forward, as `ar`
+would (lossless greedy needs the two to pick the same argmax). Where TensorRT and polygraphy both exist,
 polygraphy's Comparator also checks the ONNX graph under TensorRT vs ONNX Runtime (not exercised in
 CI: neither can be installed there).
 """
@@ -33,6 +36,11 @@ def describe(folder: Path) -> list[str]:
         for name, rel in info["artifacts"].items():
             size = sum(m["files"][f]["bytes"] for f in (rel, rel + ".data") if f in m["files"]) / 2**20
             lines.append(f"  {name:<10} {rel} ({size:.1f} MiB{' with its .data' if rel + '.data' in m['files'] else ''})")
+        if q := info.get("quantize"):
+            lines.append(f"  quantized  {q['mode']} weight-only: {q['op']}, block {q['block_size']}, "
+                         f"{'symmetric' if q['symmetric'] else 'zero points'}, accuracy level {q['accuracy_level']} "
+                         f"({q['activations']} activations), "
+                         f"{q['matmuls_quantized']} of {q['matmuls_total']} MatMuls ({q['quantizer']})")
     return lines
 
 
@@ -63,18 +71,37 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
         runner = ModelRunner.alone(engine, capacity=len(prompt) + len(tree) + 8)
         drive(runner.prefill(prompt))
         results[backend] = drive(runner.verify(tree)).float().clone()
+        lines.append(f"{backend:<12} " + _invariance(runner, tree, results[backend]))
     ref = results.get("torch")
+    quant = info.get("quantize", {}).get("mode")
     for backend, logits in results.items():
         if backend == "torch" or ref is None:
             continue
         diff = float((logits - ref).abs().max())
         scale = float(ref.abs().max())
         agree = float((logits.argmax(-1) == ref.argmax(-1)).float().mean())
-        ok = "OK" if diff <= atol_scale * scale else "MISMATCH"
+        ok = (f"{quant} weights: differs from fp32 by design" if quant else
+              "OK" if diff <= atol_scale * scale else "MISMATCH")
         lines.append(f"{backend:<12} vs torch: max |Δlogit| {diff:.3g} (scale {scale:.3g}), argmax agreement "
                      f"{agree:.0%} over {len(tree)} tree nodes — {ok}")
     lines += _polygraphy(folder, info)
     return lines
+
+
+def _invariance(runner: ModelRunner, tree: TokenTree, tree_logits: torch.Tensor) -> str:
+    """Each node's row of a tree forward vs its path fed one token per forward (what `ar` computes)."""
+    worst, same = 0.0, 0
+    for node in range(len(tree)):
+        runner.cache.rollback()
+        for tok in tree.tokens[tree.path(node)].tolist():
+            logits = drive(runner.extend([tok]))
+        row = logits.reshape(-1, logits.shape[-1])[-1].float()
+        worst = max(worst, float((row - tree_logits[node]).abs().max()))
+        same += int(row.argmax() == tree_logits[node].argmax())
+    runner.cache.rollback()
+    verdict = "bit-identical" if worst == 0 else f"max |Δlogit| {worst:.3g}"
+    return (f"batch invariance, tree rows vs one token per forward: {verdict}, argmax agreement "
+            f"{same}/{len(tree)} — {'OK' if same == len(tree) else 'ARGMAX DIFFERS'}")
 
 
 def _polygraphy(folder: Path, info: dict) -> list[str]:

@@ -4,7 +4,9 @@ Tree budgets should be sized by this curve: a tree of T nodes pays off only if i
 accepted length beats cost(T) / cost(1) plus the draft's cost.
 
     python -m trtspec.tools.stepcost --engines DIR [--role target] [--tokens 1,2,4,8,16,32]
-                                     [--cached 256] [--threads 1] [--backend torch]
+                                     [--cached 256] [--threads 1] [--backend torch] [--profile DIR]
+
+`--profile DIR` (ONNX Runtime) also keeps ORT's profiler trace and prints the time per op type.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from ..runtime.runner import drive
 
 
 def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list[dict]:
+    """Prefill, one warm-up forward, then `repeats` forwards per T in order: the last len(tokens) x
+    repeats engine runs are the timed ones (ort_profile.op_times relies on that order)."""
     runner.reset()
     vocab = runner.engine.spec.vocab_size
     drive(runner.prefill([(1000 + i) % vocab for i in range(cached)]))
@@ -43,31 +47,50 @@ def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list
 @click.option("--tokens", default="1,2,4,8,16,32", help="Comma-separated step sizes T.")
 @click.option("--cached", default=256, type=click.IntRange(0), help="Tokens already in the cache.")
 @click.option("--threads", default=1, type=click.IntRange(1))
+@click.option("--repeats", default=3, type=click.IntRange(1), help="Timed forwards per T (min and median kept).")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Default: the folder's.")
-def main(engines_dir, role, tokens, cached, threads, backend):
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="ONNX Runtime only: run with ORT's profiler, keep its JSON trace in this folder and print "
+                   "the time per op type for each T.")
+def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_dir):
     """Time one target (or draft) forward over T new tokens after CACHED cached ones."""
-    from ..engines.load import load_generator
+    from pathlib import Path
+
+    from ..engines.load import load_role, open_folder
     from ..errors import TrtspecError
+    from ..runtime.runner import ModelRunner
     try:
         sizes = [int(x) for x in tokens.split(",")]
     except ValueError:
         raise click.BadParameter(f"{tokens!r} is not a comma-separated list of integers", param_hint="--tokens")
-    if min(sizes) < 1 or max(sizes) > MAX_STEP_TOKENS:
-        raise click.BadParameter(f"step sizes must be in 1..{MAX_STEP_TOKENS}", param_hint="--tokens")
+    if min(sizes) < 1 or max(sizes) > MAX_STEP_TOKENS or len(set(sizes)) != len(sizes):
+        raise click.BadParameter(f"step sizes must be distinct, in 1..{MAX_STEP_TOKENS}", param_hint="--tokens")
     torch.set_num_threads(threads)
     try:
-        gen = load_generator(engines_dir, backend=backend, threads=threads, slots=1)
+        manifest, cfg, backend = open_folder(engines_dir, backend=backend)
+        if role not in manifest["models"]:
+            raise click.ClickException(f"{engines_dir} has no draft model; use --role target")
+        if profile_dir and backend != "onnxruntime":
+            raise click.BadParameter(f"profiles are ONNX Runtime's; this run uses backend {backend}",
+                                     param_hint="--profile")
+        if cached + max(sizes) > cfg.max_seq_len:
+            raise click.BadParameter(f"--cached {cached} + T {max(sizes)} exceeds max_seq_len {cfg.max_seq_len}",
+                                     param_hint="--cached")
+        prefix = None
+        if profile_dir:
+            Path(profile_dir).mkdir(parents=True, exist_ok=True)
+            prefix = str(Path(profile_dir) / f"{role}")
+        engine = load_role(Path(engines_dir), role, manifest, cfg, backend, threads, profile_prefix=prefix)
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
-    slot = gen.slots[0]                       # the generator is idle: its first slot is free
-    runner = slot.target if role == "target" else slot.draft
-    if runner is None:
-        raise click.ClickException(f"{engines_dir} has no draft model; use --role target")
-    if cached + max(sizes) > runner.cache.capacity:
-        raise click.BadParameter(f"--cached {cached} + T {max(sizes)} exceeds the KV capacity "
-                                 f"{runner.cache.capacity}", param_hint="--cached")
-    for row in step_costs(runner, sizes, cached):
-        click.echo(json.dumps({"role": role, "threads": threads, **row}))
+    runner = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=cfg.buckets.model_dump())
+    for row in step_costs(runner, sizes, cached, repeats):
+        click.echo(json.dumps({"role": role, "backend": backend, "threads": threads, "cached": cached, **row}))
+    if profile_dir:
+        from .ort_profile import op_times, table
+        trace = engine.session.end_profiling()
+        click.echo(f"ORT profile: {trace} ({repeats} steps per T; ms per step by op type)")
+        click.echo(table(op_times(trace, sizes, repeats)))
 
 
 if __name__ == "__main__":
