@@ -130,7 +130,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
 def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str, quantize: str,
                  info: dict) -> dict[str, str]:
-    from ..export.onnx_export import export_onnx, optimize_for_ort
+    from ..export.onnx_export import export_onnx, optimize_for_ort, remove_graph
 
     arts: dict[str, str] = {}
     m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
@@ -140,16 +140,14 @@ def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, 
         from .quantize import quantize_onnx
         fp32, path = path, folder / f"model.{dt}-{quantize}.onnx"
         info["quantize"] = quantize_onnx(fp32, path, quantize, role)
-        for f in (fp32, fp32.with_name(fp32.name + ".data")):
-            f.unlink(missing_ok=True)
+        remove_graph(fp32)
     arts[f"onnx_{dt}"] = f"{role}/{path.name}"
     # ONNX Runtime's CPU optimizer has no bf16 kernels; its fused graph is for the CPU provider.
     if backend == "onnxruntime" and cfg.build.optimize and dt != "bf16" and cfg.device == "cpu":
         opt = path.with_name(path.name.replace(".onnx", ".ort.onnx"))
         optimize_for_ort(path, opt)
         arts[f"ort_{dt}"] = f"{role}/{opt.name}"
-        for f in (path, path.with_name(path.name + ".data")):    # one copy of the weights per folder
-            f.unlink(missing_ok=True)
+        remove_graph(path)                                         # one copy of the weights per folder
         del arts[f"onnx_{dt}"]
     if backend == "tensorrt":
         plan = folder / f"model.{dt}.plan"

@@ -54,7 +54,7 @@ def quantize_onnx(src: Path, dst: Path, mode: str, role: str) -> dict:
     """Write `src` (an fp32 step graph of the target or a draft) as a weight-only int4/int8 graph at
     `dst` (external data if large); returns the manifest record: the scheme and the MatMul count."""
     import onnx
-    from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES
+    from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES, remove_graph, save_graph
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     if mode not in ("int4", "int8"):
@@ -70,11 +70,8 @@ def quantize_onnx(src: Path, dst: Path, mode: str, role: str) -> dict:
     nbits = sum(n.op_type == "MatMulNBits" for n in out.graph.node)
     if nbits == 0:
         raise RuntimeError(f"{src}: the quantizer found no MatMul with a constant weight to quantize")
-    for stale in (dst, dst.with_name(dst.name + ".data")):
-        stale.unlink(missing_ok=True)
-    big = sum(len(t.raw_data) for t in out.graph.initializer) > EXTERNAL_DATA_MIN_BYTES
-    onnx.save_model(out, str(dst), save_as_external_data=big, all_tensors_to_one_file=True,
-                    location=dst.name + ".data", size_threshold=1024)
+    remove_graph(dst)
+    save_graph(out, dst, external=sum(len(t.raw_data) for t in out.graph.initializer) > EXTERNAL_DATA_MIN_BYTES)
     log.info("quantized %s to %s: %d of %d MatMuls in %.1fs", src, mode, nbits, before, time.perf_counter() - t0)
     return {**scheme(mode, role), "matmuls_quantized": nbits, "matmuls_total": before}
 

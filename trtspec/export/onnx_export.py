@@ -90,8 +90,24 @@ def _export_torchscript(step: _Step, args, path: Path, opset: int, external: boo
     torch.onnx.export(step, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
                       output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
     if external:  # the legacy exporter inlines weights up to 2 GB; move them out like the dynamo path
-        onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=path.name + ".data", size_threshold=1024)
+        save_graph(onnx.load(str(path)), path, external=True)
+
+
+def data_file(path: Path) -> Path:
+    """Where a graph at `path` keeps its external weights (one file: "<name>.data")."""
+    return path.with_name(path.name + ".data")
+
+
+def remove_graph(path: Path) -> None:
+    """Delete a graph and its external weights, if there."""
+    for f in (path, data_file(path)):
+        f.unlink(missing_ok=True)
+
+
+def save_graph(proto: onnx.ModelProto, path: Path, external: bool) -> None:
+    """Save `proto` at `path`, its weights in one external file when `external`."""
+    onnx.save_model(proto, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
+                    location=data_file(path).name, size_threshold=1024)
 
 
 def _fix_interface(path: Path, model: Decoder, dtype: torch.dtype) -> None:
@@ -160,8 +176,7 @@ def export_onnx(model: Decoder, path: str | os.PathLike, opset: int = 18, export
                          "ReduceMean); pass opset=18+ or exporter='torchscript'")
     if external_data is None:
         external_data = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_MIN_BYTES
-    for stale in (path, path.with_name(path.name + ".data")):  # never leave an old weight file behind
-        stale.unlink(missing_ok=True)
+    remove_graph(path)                   # never leave an old weight file behind
 
     step = _Step(model.eval()).eval()
     args = _sample_inputs(model, dtype)
@@ -199,9 +214,8 @@ def optimize_for_ort(onnx_path: str | os.PathLike, out_path: str | os.PathLike, 
     big = onnx_path.stat().st_size + _external_size(onnx_path) > EXTERNAL_DATA_MIN_BYTES
     want = _probe_outputs(onnx_path) if verify else None
     for name in list(levels)[list(levels).index(level):]:
-        data = out_path.with_name(out_path.name + ".data")
-        for stale in (out_path, data):
-            stale.unlink(missing_ok=True)
+        data = data_file(out_path)
+        remove_graph(out_path)
         so = ort.SessionOptions()
         so.graph_optimization_level = levels[name]
         so.optimized_model_filepath = str(out_path)
@@ -239,5 +253,5 @@ def _probe_outputs(path: Path) -> list:
 
 
 def _external_size(path: Path) -> int:
-    data = path.with_name(path.name + ".data")
+    data = data_file(path)
     return data.stat().st_size if data.exists() else 0

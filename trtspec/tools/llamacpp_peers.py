@@ -34,7 +34,8 @@ from .memory import reset_peak_rss, status_mb
 
 PEERS = ("llama.cpp", "llama.cpp-spec")
 BUILT = Path("build/llama.cpp/cmake/bin/llama-server")      # where `make llama-cpp` puts it
-BUILD_HINT = "build it once with `make llama-cpp` (or set TRTSPEC_LLAMA_SERVER=/path/to/llama-server)"
+BUILD = "build it once with `make llama-cpp`"
+BUILD_HINT = f"{BUILD} (or set TRTSPEC_LLAMA_SERVER=/path/to/llama-server)"
 
 
 def find_server() -> Path:
@@ -42,7 +43,7 @@ def find_server() -> Path:
     if env:
         if not Path(env).is_file():
             raise RequestError(f"TRTSPEC_LLAMA_SERVER={env} is not a file; point it at a llama-server binary, "
-                               f"or unset it and {BUILD_HINT.split(' (or')[0]}")
+                               f"or unset it and {BUILD}")
         return Path(env)
     for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         if (root / BUILT).is_file():
@@ -183,7 +184,9 @@ class LlamaCppPeers:
                                f"llama-server without `return_tokens`?); see {server.log_path}")
         t = out.get("timings", {})
         accepted = int(t.get("draft_n_accepted") or 0)
-        steps = max_new_tokens - accepted          # each target step emits its accepted drafts + 1
+        # Each target step emits its accepted drafts + 1; the prompt's forward (which emits the first
+        # token) counts as a step here, one more per request than our runners count.
+        steps = max_new_tokens - accepted
         return tokens, {
             "new_tokens": len(tokens), "seconds": seconds,
             "tokens_per_s": len(tokens) / seconds if seconds > 0 else 0.0,
