@@ -28,6 +28,7 @@ torch.set_num_threads(int(os.environ.get("TRTSPEC_TEST_THREADS", "1")))
 from trtspec.engines.torch_engine import TorchEngine  # noqa: E402
 from trtspec.export.model import Decoder  # noqa: E402
 from trtspec.export.tiny import tiny_pair, tiny_spec  # noqa: E402
+from trtspec.runtime.costs import CostModel, CostTable  # noqa: E402
 from trtspec.runtime.generator import Generator  # noqa: E402
 
 # Small vocabulary pair for the statistical tests. noise=0.15 puts the draft's next-token
@@ -35,6 +36,15 @@ from trtspec.runtime.generator import Generator  # noqa: E402
 # accepted and rejected often, and a wrong acceptance rule produces a large, detectable bias.
 SMALL_VOCAB = 16
 SMALL_NOISE = 0.15
+
+# Step costs the tiny Generators plan budget: auto with (seconds; N = 1 and 64 new tokens): a GPU's
+# shape (flat verify, cheap draft), fixed so that auto trees are drafted and reproducible. Timed on
+# a tiny pair, a draft forward costs what a target one does and auto would mostly choose ar steps.
+# Measured costs are tested on built folders (test_adaptive.py).
+GPU_LIKE = CostModel(CostTable([1, 64], [0], [[0.010, 0.0105]]), CostTable([1, 64], [0], [[0.0012, 0.0013]]))
+# The Qwen 1.5B fp32 target and int4 draft measured on this CPU (costs.json), 64 cached tokens.
+CPU_LIKE = CostModel(CostTable([1, 2, 4, 8, 16, 32, 64], [0], [[0.165, 0.179, 0.204, 0.217, 0.304, 0.417, 0.692]]),
+                     CostTable([1, 2, 4, 8, 16, 32, 64], [0], [[0.019, 0.020, 0.026, 0.036, 0.055, 0.094, 0.196]]))
 
 
 @dataclass
@@ -50,6 +60,7 @@ class TinyPair:
         return self.target.spec
 
     def generator(self, capacity: int = 256, **kwargs) -> Generator:
+        kwargs.setdefault("costs", GPU_LIKE)
         return Generator(self.target_engine, self.draft_engine, capacity=capacity, **kwargs)
 
 

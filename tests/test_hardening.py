@@ -84,7 +84,7 @@ def _set(d: dict, path: str, value) -> dict:
     ("strategies.dyspec", {"threshold": math.nan}, ["strategies.dyspec.threshold", "nan", "finite"]),
     ("strategies.dyspec", {"variant": "tree"}, ["strategies.dyspec.variant", "heap", "threshold"]),
     ("strategies.ar", {"k": 1}, ["strategies.ar.k", "unknown key"]),
-    ("strategies.chain", {"k": 300}, ["strategies.chain.k", "300", "less than or equal to 255"]),
+    ("strategies.chain", {"k": 300}, ["strategies.chain.k", "300", "'auto' or an integer in 1..255"]),
     ("strategy", "turbo", ["'turbo'", "ar, chain"]),
     ("target.quant", "int8", ["target.quant", "unknown key", "allowed: model, dtype"]),
     ("target.quantize", "int8", ["target.quantize: int8", "does not quantize targets", "backend onnxruntime"]),

@@ -35,6 +35,11 @@ N_EXAMPLES = int(os.environ.get("TRTSPEC_TREE_EXAMPLES", "10"))
 SETTINGS = settings(max_examples=N_EXAMPLES, deadline=None, database=None)
 
 
+def BUDGETS(most: int):
+    """A tree budget: "auto" (the policy sizes each step: runtime/adaptive.py) or a fixed number."""
+    return hst.one_of(hst.just("auto"), hst.integers(1, most))
+
+
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
@@ -92,7 +97,7 @@ def check_steps(res, strat) -> None:
     for s in res.steps:
         assert 1 <= s.tree_size <= strat.max_tree_size()
         assert 0 <= s.accepted < s.tree_size
-        assert s.draft_forwards >= 1
+        assert s.draft_forwards >= 1 or (s.extra.get("drafted") is False and s.tree_size == 1)   # auto: an ar step
         if "stage2_proposed" in s.extra:
             assert 0 <= s.extra["stage2_accepted"] <= s.extra["stage2_proposed"]
 
@@ -111,7 +116,7 @@ def run_and_compare(gens, ar_ref, arch, idx, strat, max_new):
 # ---------------------------------------------------------------------------------------------
 
 @SETTINGS
-@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), budget=hst.integers(1, 24),
+@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), budget=BUDGETS(24),
        width=hst.integers(1, 6), top_k=hst.integers(1, 5), max_rounds=hst.integers(1, 8),
        stage2=hst.booleans(), stage2_len=hst.integers(1, 6), min_prob=hst.sampled_from([0.0, 0.01, 0.05]))
 @pytest.mark.parametrize("arch", ARCHS)
@@ -124,7 +129,7 @@ def test_staged_equals_ar(gens, ar_ref, arch, idx, max_new, budget, width, top_k
 
 @SETTINGS
 @given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), variant=hst.sampled_from(["heap", "threshold"]),
-       budget=hst.integers(1, 24), batch=hst.integers(1, 6),
+       budget=BUDGETS(24), batch=hst.integers(1, 6),
        threshold=hst.sampled_from([0.001, 0.01, 0.05, 0.2, 0.4, 0.8, 0.95]), max_depth=hst.integers(1, 12))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_dyspec_equals_ar(gens, ar_ref, arch, idx, max_new, variant, budget, batch, threshold, max_depth):
@@ -135,7 +140,7 @@ def test_dyspec_equals_ar(gens, ar_ref, arch, idx, max_new, variant, budget, bat
 @SETTINGS
 @given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), repeat=hst.sampled_from([-1, 0, 1, 2]),
        top_k=hst.integers(1, 5), sibling_ratio=hst.sampled_from([0.0, 0.01, 0.1, 0.3]),
-       confidence=hst.sampled_from([0.0, 0.02, 0.1, 0.3]), budget=hst.integers(1, 32),
+       confidence=hst.sampled_from([0.0, 0.02, 0.1, 0.3]), budget=BUDGETS(32),
        max_depth=hst.integers(1, 8), max_draft_nodes=hst.integers(4, 64))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_ratio, confidence, budget,
@@ -144,13 +149,15 @@ def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_
                 max_depth=max_depth, max_draft_nodes=max_draft_nodes)
     res = run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
     for s in res.steps:
+        if s.extra.get("drafted") is False:      # budget auto chose a plain ar step
+            continue
         assert s.extra["merges"] >= 0 and isinstance(s.extra["merged_path"], bool)
         if repeat < 0:
             assert s.extra["merges"] == 0 and not s.extra["merged_path"]
 
 
 @SETTINGS
-@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), k_draft=hst.integers(1, 8), mag_len=hst.integers(0, 6),
+@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), k_draft=BUDGETS(8), mag_len=hst.integers(0, 6),
        k_mag=hst.integers(0, 4), lenience=hst.sampled_from([1.0, 3.0]), use_bigram=hst.booleans())
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_draft, mag_len, k_mag, lenience,
@@ -165,7 +172,10 @@ def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_dr
 # Fixed cases: every option the brief names, and the speculation is real
 # ---------------------------------------------------------------------------------------------
 
-FIXED_PROMPTS = {"llama": [[3, 17, 99, 3, 17, 99, 3, 17], [7] * 12, [401, 250, 7, 3, 401, 250], [3, 17] * 8,
+# No near-ties in the target's greedy continuation (top-2 logit gap >= 3e-3 over MAX_NEW tokens):
+# [401, 250, 7, 3, 401, 250] had one of 2e-6 at its 36th token, which fp32 rounding flips between a
+# one-token and a tree forward, so a tree shape budget auto happened to choose could "diverge" there.
+FIXED_PROMPTS = {"llama": [[3, 17, 99, 3, 17, 99, 3, 17], [7] * 12, [401, 250, 7, 3, 401], [3, 17] * 8,
                            [250]],
                  "small": [[1, 3, 5, 1, 3, 5, 1], [7], [2, 11, 2, 11, 2]]}
 
@@ -226,9 +236,12 @@ def test_cascade_with_bigram_fixed(gens, ar_ref, bigram_tables):
 
 def test_speculation_is_not_vacuous(gens):
     """Drafts are accepted and rejected, stage-2 / MaG tokens are kept by the draft's review, and
-    dyspec-threshold grows deeper than one level on peaked distributions."""
+    dyspec-threshold grows deeper than one level on peaked distributions. Fixed budgets (the former
+    defaults): on these tiny pairs a draft forward costs what a target forward does, so budget auto
+    rightly drafts little (test_adaptive.py covers it)."""
     stats = {}
-    for strat in (Staged(), DySpec("heap"), DySpec("threshold", threshold=0.3), GSD(repeat=1),
+    for strat in (Staged(budget=24), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
+                  GSD(repeat=1, budget=32),
                   Cascade(k_draft=3, k_mag=2, mag_len=6)):
         acc = rej = kept = 0
         for arch, prompts in FIXED_PROMPTS.items():
@@ -254,7 +267,7 @@ def cascade_worst_nodes(s: Cascade) -> int:
     """Nodes one cascade step can add: the root, k_draft - 1 fed draft tokens each with a reviewed
     MaG chain of mag_len tokens that the draft may reject (dead nodes still take slots), the last
     draft token, and k_mag raw MaG tokens."""
-    return 1 + (s.k_draft - 1) * (1 + s.mag_len) + 1 + s.k_mag
+    return 1 + (s.kd - 1) * (1 + s.mag_len) + 1 + s.k_mag      # kd: k_draft, or max_k_draft with auto
 
 
 @pytest.mark.parametrize("case", ["defaults-repetitive", "bigram-minimal", "bigram-defaults"])
@@ -310,8 +323,9 @@ def test_tree_strategies_onnxruntime(ort_gen, tmp_path):
     prompts = [gen.tokenizer("def fib(n):\n    return fib(n-1) + fib(n-2)\n")["input_ids"],
                gen.tokenizer("ab ab ab ab ab ab ab")["input_ids"]]
     strategies = [Staged(), Staged(budget=8, width=3, stage2=False), DySpec("heap"),
-                  DySpec("threshold", threshold=0.2), GSD(repeat=0, top_k=4, sibling_ratio=0.01, confidence=0.05),
-                  GSD(repeat=1), GSD(repeat=2), Cascade(k_draft=3, k_mag=3, mag_len=4),
+                  DySpec("threshold", threshold=0.2),
+                  GSD(repeat=0, top_k=4, sibling_ratio=0.01, confidence=0.05, budget=32), GSD(repeat=1, budget=32),
+                  GSD(repeat=2), Cascade(k_draft=3, k_mag=3, mag_len=4),
                   Cascade(k_draft=3, k_mag=3, mag_len=4, lenience=3.0, bigram=str(table))]
     merges = 0
     for prompt in prompts:

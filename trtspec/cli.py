@@ -17,7 +17,7 @@ import click
 
 from .config import BACKENDS, load_config
 from .errors import TrtspecError
-from .runtime.strategies import STRATEGIES
+from .runtime.strategies import STRATEGIES, resolve, split_spec
 
 PLAIN_MAX_NEW_TOKENS = 128     # plain (non-chat) prompts: a completion has no end-of-turn to wait for
 CHAT_MAX_NEW_TOKENS = 1024     # chat: answer to the end of the turn; this only stops a runaway loop
@@ -77,11 +77,13 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
               help="Config to build (once, into the cache) and run. Default: the Qwen2.5-Coder 1.5B/0.5B pair.")
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(exists=True, dir_okay=False), default=None, help="Read the prompt from a file.")
-@click.option("--strategy", type=click.Choice(list(STRATEGIES)), default=None,
+@click.option("--strategy", default=None, callback=lambda ctx, param, v: _strategy_spec(v),
+              metavar="NAME[:KEY=VALUE...]",
               help="ar: plain decoding. chain: k draft-model tokens. ngram: prompt/output n-gram copies. "
                    "staged: best-first draft tree + n-gram-reviewed draft. dyspec: dynamic tree (heap or "
                    "threshold). gsd: top-k graph with merged repeats. cascade: draft reviews n-gram drafts "
-                   "(CS Drafting). All lossless. Options per strategy live in the config. Default: the config's.")
+                   "(CS Drafting). All lossless. Options per strategy live in the config; override one here, "
+                   "e.g. staged:budget=12 (a fixed tree instead of budget: auto). Default: the config's.")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(1),
               help=f"Cap on new tokens. Default: with --chat, until the model ends its turn (at most "
                    f"{CHAT_MAX_NEW_TOKENS}, and what fits max_seq_len); without, {PLAIN_MAX_NEW_TOKENS}. "
@@ -128,7 +130,8 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
     name = strategy or cfg.strategy
-    strat = make_strategy(name, **(cfg.strategies.get(name) or {}))
+    base, options = resolve(name, cfg.strategies)
+    strat = make_strategy(base, **options)
     check_strategy(strat, has_draft=cfg.draft is not None)
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
 
@@ -142,7 +145,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     limit = max_new_tokens or (max(1, min(CHAT_MAX_NEW_TOKENS, room)) if chat else PLAIN_MAX_NEW_TOKENS)
     check_capacity(len(ids), limit, strat, cfg.max_seq_len)
     gen = load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1)   # one request
-    kwargs = dict(strategy=name, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
+    kwargs = dict(strategy=strat, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
     if as_json:
         result = gen.generate(ids, **kwargs)
         steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
@@ -206,6 +209,11 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
               help="e.g. 1,2,4,8: serve the prompts with that many concurrent requests instead (closed-loop "
                    "clients, batched steps); reports total tok/s, latency p50/p95 and TTFT per level against "
                    "level 1 (one after another). No HF peers in this mode.")
+@click.option("--plan-costs", type=click.Path(exists=True, dir_okay=False), default=None, metavar="COSTS_JSON",
+              help="budget: auto plans with this step-cost table (costs.json format) instead of the one measured "
+                   "here, e.g. docs/bench/gpu-like-costs.json: shows the trees it would choose on that machine; "
+                   "results.md then adds the speedup projected from the table's times (a projection, not a "
+                   "measurement).")
 @user_errors
 def bench(**options) -> None:
     """Benchmark strategies and HF peers: tokens/s, speedups, acceptance, time split, ceiling.
@@ -226,16 +234,36 @@ def bench(**options) -> None:
               help="Run one identical random tree step through every backend available here and report "
                    "logit differences vs torch (plus polygraphy TensorRT-vs-ONNX Runtime where both exist).")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True)
+@click.option("--measure-costs", is_flag=True,
+              help="Measure the step costs budget: auto plans with (one target / draft forward over 1..64 new "
+                   "tokens at two cache lengths) on this machine again, and store them in the folder's costs.json.")
+@click.option("--threads", type=click.IntRange(0), default=None, help="With --measure-costs: threads (default: the config's).")
 @user_errors
-def inspect(engines_dir: str, compare: bool, role: str) -> None:
-    """Show an engine folder's models, artifacts and versions (verifying every hash)."""
+def inspect(engines_dir: str, compare: bool, role: str, measure_costs: bool, threads: int | None) -> None:
+    """Show an engine folder's models, artifacts, versions (verifying every hash) and step costs."""
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe
+    if measure_costs:
+        from .engines.load import measure_costs as measure
+        measure(Path(engines_dir), threads=threads, log=lambda m: click.echo(m, err=True))
     for line in describe(Path(engines_dir)):
         click.echo(line)
     if compare:
         for line in run_compare(Path(engines_dir), role):
             click.echo(line)
+
+
+def _strategy_spec(value: str | None) -> str | None:
+    """--strategy NAME[:KEY=VALUE...]: the name must be a strategy (options are checked when it is made)."""
+    if value is None:
+        return None
+    try:
+        name = split_spec(value)[0]
+    except TrtspecError as e:
+        raise click.BadParameter(str(e)) from None
+    if name not in STRATEGIES:
+        raise click.BadParameter(f"{name!r} is not one of {', '.join(STRATEGIES)}")
+    return value
 
 
 def _settle(engines_dir: str | None, config_path: str | None, backend: str | None):

@@ -178,13 +178,13 @@ class Config(Strict):
                 raise ValueError(f"strategy {name!r} needs a draft model: add `draft:` or choose ar / ngram")
             if strat.max_tree_size() > MAX_STEP_TOKENS:
                 raise ValueError(f"strategies.{name}: one step can send {strat.max_tree_size()} tokens to the target, "
-                                 f"more than the {MAX_STEP_TOKENS} a step takes; lower its budget (or max_rounds x "
-                                 "stage2_len)")
+                                 f"more than the {MAX_STEP_TOKENS} a step takes; lower its budget / max_budget "
+                                 "(or max_rounds x stage2_len)")
             need = 2 + strat.max_rows()               # a prompt token, a new token, the largest step
             if need > self.max_seq_len:
                 raise ValueError(f"strategies.{name}: one step can need {strat.max_rows()} KV rows beyond the "
-                                 f"sequence, more than max_seq_len {self.max_seq_len}; lower its budget or raise "
-                                 "max_seq_len")
+                                 f"sequence, more than max_seq_len {self.max_seq_len}; lower its budget / "
+                                 "max_budget or raise max_seq_len")
         return self
 
     @classmethod

@@ -10,7 +10,7 @@ import functools
 import inspect
 from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, validate_call
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError, validate_call
 
 from .errors import ConfigError
 
@@ -24,6 +24,19 @@ NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TreeSize = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]     # nodes a step may add to a tree
 Depth = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]
+
+
+def auto_or(most: int):
+    """"auto" or an integer in 1..most (one error naming both, not pydantic's per-branch union errors)."""
+    def check(v: Any) -> Any:
+        if v == "auto" or (type(v) is int and 1 <= v <= most):
+            return v
+        raise ValueError(f"should be 'auto' or an integer in 1..{most}")
+    return Annotated[Any, PlainValidator(check)]
+
+
+# A tree strategy's node budget: a fixed number, or "auto" (sized every step: runtime/adaptive.py).
+Budget = auto_or(MAX_STEP_TOKENS - 1)
 
 
 class Strict(BaseModel):

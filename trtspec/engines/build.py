@@ -69,6 +69,12 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    from .load import measure_costs
+    try:
+        measure_costs(output, log=log)      # budget: auto plans with them (costs.json, not hashed)
+    except Exception as e:                  # noqa: BLE001 - the build itself succeeded
+        log(f"step costs not measured ({e}); budget: auto measures them at first use "
+            f"(or: trtspec inspect --engines {output} --measure-costs)")
     return output
 
 

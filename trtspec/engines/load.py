@@ -16,7 +16,7 @@ from ..export.model import Decoder
 from ..export.spec import ModelSpec
 from ..runtime.generator import Generator
 from .base import Engine
-from .manifest import EngineError, verify
+from .manifest import COSTS_FILE, EngineError, verify
 
 
 def cache_root() -> Path:
@@ -139,6 +139,23 @@ def load_role(folder: Path, role: str, manifest: dict, cfg: Config, backend: str
                        device=cfg.device, cuda_graphs=cfg.cuda_graphs, profile_prefix=profile_prefix)
 
 
+def measure_costs(folder: str | Path, threads: int | None = None, backend: str | None = None, log=print):
+    """Measure the folder's step costs on this machine and store them in costs.json (runtime/costs.py)."""
+    from ..runtime.costs import measure
+    folder = Path(folder)
+    manifest, cfg, backend = open_folder(folder, backend)
+    threads = cfg.threads if threads is None else threads
+    if threads:
+        torch.set_num_threads(threads)
+    target = load_role(folder, "target", manifest, cfg, backend, threads)
+    draft = load_role(folder, "draft", manifest, cfg, backend, threads) if "draft" in manifest["models"] else None
+    log(f"measuring step costs on this machine ({backend}, {threads or 'default'} threads) for budget: auto")
+    costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.buckets.model_dump(), progress=True,
+                    key=costs_key(cfg, backend, threads))
+    costs.save(folder / COSTS_FILE)
+    return costs
+
+
 def load_tokenizer(folder: str | Path, manifest: dict):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(Path(folder) / manifest["tokenizer"]))
@@ -161,5 +178,21 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
                     buckets=cfg.buckets.model_dump(), slots=slots or cfg.slots, max_queue=max_queue)
     gen.config = cfg
-    gen.backend = backend
+    gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
+    if uses_auto(cfg):
+        gen.step_costs()         # stored, or measured now: not inside the first request's submit
     return gen
+
+
+def costs_key(cfg: Config, backend: str, threads: int) -> dict:
+    """What a step-cost table must have been measured for to serve this run (runtime/costs.py)."""
+    from ..runtime.costs import run_key
+    return run_key(threads or 0, backend, cfg.draft is not None, device=cfg.device, cuda_graphs=cfg.cuda_graphs,
+                   draft_quantize=cfg.draft.quantize if cfg.draft else None, buckets=cfg.buckets.model_dump())
+
+
+def uses_auto(cfg: Config) -> bool:
+    """Whether any strategy of the config (its default or one configured) sizes its trees per step."""
+    from ..runtime.strategies import make_strategy
+    names = {cfg.strategy, *cfg.strategies}
+    return any(make_strategy(n, **(cfg.strategies.get(n) or {})).auto_nodes() is not None for n in names)

@@ -22,6 +22,7 @@ from ..export.contract import CONTRACT_VERSION
 FORMAT = "trtspec-engine"
 MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"
+COSTS_FILE = "costs.json"      # step costs measured on this machine (runtime/costs.py): not hashed
 
 
 class EngineError(TrtspecError, RuntimeError):
@@ -48,7 +49,8 @@ def versions() -> dict[str, str | None]:
 
 def write_manifest(folder: Path, content: dict[str, Any]) -> dict[str, Any]:
     """Hash every file under `folder` and write manifest.json (content + files + versions)."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, VERIFIED))
+    # costs.json (runtime/costs.py) describes the machine, not the build: measured again freely.
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, VERIFIED, COSTS_FILE))
     manifest = {
         "format": FORMAT,
         "contract_version": CONTRACT_VERSION,

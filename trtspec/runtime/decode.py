@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .adaptive import AutoBudget
 from .runner import Calls, ModelRunner
 from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
@@ -39,6 +40,7 @@ class DecodeState:
     steps: list[StepStats] = field(default_factory=list)
     draft_seconds: float = 0.0           # accumulated by the strategy for the current step
     record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
+    policy: AutoBudget | None = None     # budget: auto (adaptive.py); None = the strategy's fixed budget
 
     @property
     def root(self) -> int:
@@ -54,10 +56,19 @@ class DecodeState:
     def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return probs_from_logits(logits, self.sampling)
 
+    def will_draft(self) -> bool:
+        """Whether this step drafts: always with a fixed budget; with budget auto, the policy's call."""
+        return self.policy is None or self.policy.begin(self.target.cache.length)
+
+    def ar_step(self) -> Calls:
+        """A plain ar step (the policy's budget 0): the root alone. A draft cache left behind catches
+        up at the next drafted step (its pending tokens). Returns the emitted tokens."""
+        return (yield from self.verify_and_commit(TokenTree.chain(self.root, [])))[0]
+
     def verify_and_commit(self, tree: TokenTree, draft_forwards: int = 0, **extra) -> Calls:
         """One target forward over `tree`, exact acceptance, target KV commit (a coroutine).
-
-        Returns (emitted tokens, accepted path as tree node indices, root first)."""
+        `node_q` (in extra): each node's draft probability given its parent (NaN: none), which
+        calibrates the policy. Returns (emitted tokens, accepted path as tree node indices, root first)."""
         t0 = time.perf_counter()
         logits = yield from self.target.verify(tree)
         if self.sampling.greedy:
@@ -71,7 +82,11 @@ class DecodeState:
                              "path": path.tolist(), "next_token": nxt, **extra.pop("tree_nodes", {})}
         else:
             extra.pop("tree_nodes", None)
-        self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds,
-                                    time.perf_counter() - t0, extra))
+        node_q = extra.pop("node_q", None)
+        verify_s = time.perf_counter() - t0
+        if self.policy is not None:
+            extra.update(self.policy.observe(len(tree), path.numpy(), tree.parents.numpy(), node_q, len(emitted),
+                                             self.draft_seconds + verify_s))
+        self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds, verify_s, extra))
         self.draft_seconds = 0.0
         return emitted, path.numpy()

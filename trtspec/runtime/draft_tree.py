@@ -169,9 +169,21 @@ class DraftTree:
         Returns (emitted tokens, accepted path as draft-tree node ids)."""
         target_tree, sel = self.token_tree(nodes)
         extra["tree_nodes"] = {"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()}
+        if self.st.policy is not None:
+            extra["node_q"] = self.node_q(sel)
         emitted, path = yield from self.st.verify_and_commit(target_tree, self.forwards, **extra)
         self.commit(sel[path])
         return emitted, sel[path]
+
+    def node_q(self, nodes: np.ndarray) -> np.ndarray:
+        """The draft's probability of each node's token given its parent (NaN for the root, and for a
+        node whose parent was never fed): what the policy's acceptance estimate is calibrated on."""
+        out = np.full(len(nodes), np.nan)
+        for i, n in enumerate(nodes.tolist()):
+            p = int(self.parents[n])
+            if p >= 0 and p in self.probs:
+                out[i] = float(self.probs[p][int(self.tokens[n])])
+        return out
 
     def commit(self, path_nodes: np.ndarray) -> None:
         """Keep the pending rows and the rows of accepted nodes fed under their own prefix."""

@@ -15,6 +15,7 @@ Generator each get exactly their own output.
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterator
 
@@ -24,12 +25,13 @@ from ..engines.base import Engine
 from ..errors import RequestError
 from ..options import MAX_STEP_TOKENS
 from .batch import Batcher
+from .costs import CostModel, load_or_measure, measure
 from .kv_cache import CapacityError
 from .request import GenerationResult, Request, Slot
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .strategies import Strategy, make_strategy
+from .strategies import Strategy, make_strategy, resolve
 from .text import TextStream
 
 __all__ = ["Generator", "GenerationResult", "check_capacity", "check_strategy", "room_for"]
@@ -39,7 +41,7 @@ class Generator:
     def __init__(self, target: Engine, draft: Engine | None = None, tokenizer=None,
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
-                 slots: int = 4, max_queue: int | None = None):
+                 slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
@@ -57,9 +59,30 @@ class Generator:
                       for i in range(slots)]
         self.pools = pools
         self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue)
+        # Step costs for budget: auto: given, else at the first such request the engine folder's
+        # (costs_folder, set by load_generator: stored, or measured and stored) or measured here.
+        self.costs, self.costs_folder, self.costs_key = costs, None, None
+        self.backend = ""
+        self._buckets = buckets
+        self._costs_lock = threading.Lock()
+
+    def step_costs(self) -> CostModel:
+        """The step costs the budget policy plans with (load_generator gets them before serving)."""
+        with self._costs_lock:
+            if self.costs is None and self.costs_folder is not None:
+                self.costs = load_or_measure(self.costs_folder, self.target_engine, self.draft_engine, self.capacity,
+                                             self.costs_key, self._buckets)
+            elif self.costs is None:
+                self.costs = measure(self.target_engine, self.draft_engine, self.capacity, buckets=self._buckets)
+            return self.costs
 
     def strategy(self, name: str | Strategy) -> Strategy:
-        strat = name if isinstance(name, Strategy) else make_strategy(name, **(self.strategy_options.get(name) or {}))
+        """A strategy object: `name` with the config's options, and overrides written "staged:budget=12"."""
+        if isinstance(name, Strategy):
+            strat = name
+        else:
+            base, options = resolve(name, self.strategy_options)
+            strat = make_strategy(base, **options)
         check_strategy(strat, has_draft=self.draft_engine is not None)
         return strat
 
@@ -81,7 +104,8 @@ class Generator:
         check_capacity(len(prompt_ids), max_new_tokens, strat, self.capacity)
         req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed,
                       frozenset() if ignore_eos else frozenset(self.stop_ids),
-                      record_trees, None if timeout is None else time.monotonic() + timeout)
+                      record_trees, None if timeout is None else time.monotonic() + timeout,
+                      self.step_costs() if strat.auto_nodes() is not None else None, self.scheduler.batch)
         self.scheduler.submit(req)
         return req.handle
 
@@ -130,7 +154,7 @@ def check_strategy(strat: Strategy, has_draft: bool) -> None:
     if strat.max_tree_size() > MAX_STEP_TOKENS:
         raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
                            f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
-                           "lower its budget / k in the config")
+                           "lower its budget / k (with auto: max_budget / max_k / max_k_draft) in the config")
     if strat.needs_draft and not has_draft:
         raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
                            "add a draft to the config or use --strategy ar / ngram")

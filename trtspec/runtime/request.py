@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .adaptive import AutoBudget, BatchView
 from .batch import Call
+from .costs import CostModel
 from .decode import DecodeState, StepStats
 from .runner import Calls, ModelRunner
 from .sampling import SamplingParams
@@ -144,6 +146,8 @@ class Request:
     stop_ids: frozenset[int]
     record_trees: bool = False
     deadline: float | None = None        # time.monotonic() after which the request is ended
+    costs: CostModel | None = None       # the generator's step costs (budget: auto)
+    batch: BatchView | None = None       # the scheduler's view of the last target phase (budget: auto)
     id: int = field(default_factory=lambda: next(_ids))
     handle: Handle = field(init=False)
     slot: Slot | None = None
@@ -161,8 +165,12 @@ class Request:
         """Prefill, then strategy steps until a stop token or max_new_tokens (runs in its slot)."""
         slot, strat = self.slot, self.strategy
         slot.reset()
+        cap = strat.auto_nodes()
+        policy = (AutoBudget(self.costs, cap, self.batch, self.id) if cap is not None and self.costs is not None
+                  else None)
         st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling,
-                         torch.Generator().manual_seed(self.seed), slot.seq, 0, record_trees=self.record_trees)
+                         torch.Generator().manual_seed(self.seed), slot.seq, 0, record_trees=self.record_trees,
+                         policy=policy)
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()

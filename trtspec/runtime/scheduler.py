@@ -21,6 +21,7 @@ import weakref
 from collections import deque
 
 from ..errors import RequestError
+from .adaptive import BatchView
 from .batch import Batcher
 from .request import Request, Slot
 
@@ -50,6 +51,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.iterations = 0
+        self.batch = BatchView()      # the last target phase in total, for budget: auto (adaptive.py)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -127,13 +129,18 @@ class Scheduler:
         """One round: every active request's draft calls, then one target phase."""
         self.iterations += 1
         self._reap()
+        rounds = []                                  # each draft forward's rows (tokens), for the batch view
         if self.draft is not None:
             while calls := [r for r in self.active if r.call is not None and r.call.batcher is self.draft]:
+                rounds.append({r.id: len(r.call.tokens) for r in calls if r.call.phase == "step"})
                 self._run(self.draft, calls)
                 self._reap()
         calls = [r for r in self.active if r.call is not None and r.call.batcher is self.target]
         if calls:
+            steps = [(r, len(r.call.tokens)) for r in calls if r.call.phase == "step"]   # not prefill chunks
             self._run(self.target, calls)
+            self.batch.observe({r.id: (t, r.state.policy.own[1] if r.state.policy else 1.0) for r, t in steps},
+                               [r for r in rounds if r])
         self._reap()
         with self._cv:
             if self.waiting and self.free:
@@ -194,6 +201,7 @@ class Scheduler:
         if req not in self.active:
             return
         self.active.remove(req)
+        self.batch.forget(req.id)
         if req.coro is not None:
             req.coro.close()
         req.slot.reset()

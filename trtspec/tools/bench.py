@@ -41,6 +41,7 @@ tree building, acceptance) are what the time split reports.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -99,11 +100,28 @@ class BenchOptions:
     chat: bool = False
     warmup_tokens: int = 16
     lookup_tokens: int = 10
+    plan_costs: str | None = None      # a costs.json budget: auto plans with instead of the measured one
+
+
+def read_costs(path: str):
+    """A cost table for budget: auto to plan with (bench --plan-costs): costs.json's format."""
+    from ..runtime.costs import CostModel
+    try:
+        return CostModel.from_dict(json.loads(Path(path).read_text()))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RequestError(f"--plan-costs {path}: not a readable cost table ({e}); write it as trtspec's "
+                           "costs.json (see trtspec/runtime/costs.py, or docs/bench/gpu-like-costs.json)") from None
+
+
+def options_of(gen, spec: str) -> dict:
+    """The options a runner ran with: the config's for its strategy, then its NAME:KEY=VALUE overrides."""
+    from ..runtime.strategies import resolve
+    return resolve(spec, gen.strategy_options)[1]
 
 
 def parse_list(text: str | None, allowed, what: str) -> list[str]:
     items = [] if text is None or text.strip().lower() in ("", "none") else [s.strip() for s in text.split(",")]
-    bad = [s for s in items if s not in allowed]
+    bad = [s for s in items if s.split(":")[0] not in allowed]     # strategies: NAME[:KEY=VALUE...]
     if bad:
         raise RequestError(f"unknown {what} {', '.join(bad)}; choose from {', '.join(allowed)}")
     return list(dict.fromkeys(items))      # de-duplicated, order kept
@@ -122,14 +140,9 @@ def instrument(batcher):
 
 def machine_info(command: str | None = None) -> dict:
     import importlib.metadata as md
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+
+    from ..runtime.costs import cpu_name
+    cpu = cpu_name()
     versions = {}
     for pkg in ("trtspec", "torch", "transformers", "numpy", "onnxruntime", "safetensors", "matplotlib"):
         try:
@@ -191,6 +204,8 @@ class Bench:
             self.gen.strategy_options = strategy_options
         self.stop_ids = sorted(self.gen.stop_ids)
         self.gen.stop_ids = set()          # benchmark: every runner emits exactly max_new_tokens
+        if opts.plan_costs:
+            self.gen.costs = read_costs(opts.plan_costs)
         self.strategies = {name: self.gen.strategy(name) for name in opts.strategies}   # validates early
         self.timers = {role: instrument(b) for role, b in self.gen.batchers.items()}
         self.folder = folder
@@ -246,7 +261,7 @@ class Bench:
         from ..runtime.sampling import SamplingParams
         for t in self.timers.values():
             t.reset_timing()
-        res = self.gen.generate(ids, strategy=name, max_new_tokens=max_new,
+        res = self.gen.generate(ids, strategy=self.strategies[name], max_new_tokens=max_new,
                                 sampling=SamplingParams(self.opts.temperature), seed=self.opts.seed)
         d = self.timers.get("draft")
         hist = Counter(s.accepted + 1 for s in res.steps)
@@ -256,7 +271,21 @@ class Bench:
                 "target_forwards": self.timers["target"].steps["step"],
                 "forward_seconds": sum(sum(t.seconds.values()) for t in self.timers.values()),
                 "tokens_per_step_hist": {str(k): hist[k] for k in sorted(hist)},
-                "token_ids": list(res.token_ids)}
+                "token_ids": list(res.token_ids), **policy_steps(res.steps)}
+
+
+POLICY_KEYS = ("drafted", "budget", "expected_accepted", "predicted_gain", "measured_gain", "modelled_gain",
+               "modelled_s", "ar_s")
+
+
+def policy_steps(steps) -> dict:
+    """budget: auto's per-step record (what it chose, the gain it predicted and the one measured), as
+    columns: {"policy": {"budget": [...], "accepted": [...], ...}}; {} for a fixed budget."""
+    rows = [s for s in steps if "budget" in s.extra]
+    if not rows:
+        return {}
+    cols = {k: [s.extra[k] for s in rows] for k in POLICY_KEYS}
+    return {"policy": {**cols, "accepted": [s.accepted for s in rows], "tree_size": [s.tree_size for s in rows]}}
 
 
 def add_comparisons(runs: dict[str, dict], temperature: float) -> None:
@@ -367,7 +396,6 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
 
 def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path, output: Path, command, settings,
                 progress: bool) -> dict:
-    import json
 
     from tqdm import tqdm
 
@@ -411,7 +439,7 @@ def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path
             "target_quantize": cfg.target.quantize,
             "draft_quantize": getattr(cfg.draft, "quantize", None),   # HF's assistant is never quantized
             "kv_capacity": bench.gen.capacity, "runners": bench.runners,
-            "strategy_options": {s: bench.gen.strategy_options.get(s, {}) for s in opts.strategies},
+            "strategy_options": {s: options_of(bench.gen, s) for s in opts.strategies},
             "stop_ids_ignored": bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
                                                          f"{warm_tokens} tokens, not recorded",
             "peak_rss_reset_per_run": reset_peak_rss(),
@@ -429,7 +457,7 @@ def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path
 def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, strategies: str, peers: str,
                limit: int | None, max_new_tokens: int, temperature: float, seed: int, chat: bool,
                output: str | None, backend: str | None, threads: int | None, lookup_tokens: int = 10,
-               stride: int = 1, concurrency: str | None = None,
+               stride: int = 1, concurrency: str | None = None, plan_costs: str | None = None,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
     from ..config import Config, load_config
@@ -443,7 +471,10 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     opts = BenchOptions(dataset=dataset, strategies=parse_list(strategies, list(STRATEGIES), "strategy"),
                         peers=parse_list(peers, list(PEERS), "peer"), limit=limit, stride=stride,
                         max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens)
+                        temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens,
+                        plan_costs=plan_costs)
+    if plan_costs:
+        read_costs(plan_costs)           # a bad table fails before any engine loads
     levels = parse_levels(concurrency)
     load_prompts(dataset, 1)             # a bad dataset fails before any engine is built or loaded
     cfg = load_config(config_path) if config_path else None
@@ -488,6 +519,8 @@ def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int],
     gen = load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels))
     if cfg is not None:
         gen.strategy_options = cfg.strategies
+    if opts.plan_costs:
+        gen.costs = read_costs(opts.plan_costs)
     strategies = list(dict.fromkeys(["ar"] + opts.strategies))
     for s in strategies:
         gen.strategy(s)                  # validates early
@@ -500,7 +533,7 @@ def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int],
     settings = {"machine": machine_info(command), "engines": str(folder), "backend": gen.backend,
                 "dataset": opts.dataset, "prompts": len(prompts), "max_new_tokens": opts.max_new_tokens,
                 "levels": levels, "slots": len(gen.slots), "threads": threads,
-                "strategy_options": {s: gen.strategy_options.get(s, {}) for s in strategies},
+                "strategy_options": {s: options_of(gen, s) for s in strategies},
                 "title": f"{cfg.name if cfg else folder.name}: {opts.dataset}, {opts.max_new_tokens} tokens"}
     files = write_concurrency_report(records, out, settings)
     log((out / "concurrency.md").read_text())

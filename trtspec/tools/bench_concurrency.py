@@ -67,8 +67,9 @@ def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurr
             if first is None:
                 first = time.perf_counter() - t0
         res = h.result()
+        pol = [st.extra for st in res.steps if "budget" in st.extra]      # budget: auto's records
         return {"latency": time.perf_counter() - t0, "ttft": first, "tokens": res.token_ids,
-                "steps": res.stats["target_steps"]}
+                "steps": res.stats["target_steps"], "policy": pol}
 
     out, wall = closed_loop(len(prompts), concurrency, one)
     n_tok = sum(len(r["tokens"]) for r in out.values())
@@ -81,7 +82,19 @@ def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurr
             "ttft_p50_s": _pct(ttft, 50), "ttft_p95_s": _pct(ttft, 95),
             "target_forwards": forwards, "mean_batch_rows": rows / forwards if forwards else 0.0,
             "tokens_per_request_step": n_tok / max(1, sum(r["steps"] for r in out.values())),
+            **policy_summary([p for r in out.values() for p in r["policy"]]),
             "token_ids": [out[i]["tokens"] for i in range(len(prompts))]}
+
+
+def policy_summary(recs: list[dict]) -> dict:
+    """budget: auto over a wave's steps: share of ar steps, mean budget, mean predicted / measured gain."""
+    if not recs:
+        return {}
+    meas = [r["measured_gain"] for r in recs if r["measured_gain"] is not None]
+    return {"policy_steps": len(recs), "policy_ar_share": sum(not r["drafted"] for r in recs) / len(recs),
+            "policy_mean_budget": sum(r["budget"] for r in recs) / len(recs),
+            "policy_predicted_gain": sum(r["predicted_gain"] for r in recs) / len(recs),
+            "policy_measured_gain": sum(meas) / len(meas) if meas else None}
 
 
 def concurrency_bench(gen, prompts: list[list[int]], strategies: list[str], levels: list[int], max_new: int,
@@ -119,6 +132,16 @@ def write_concurrency_report(records: list[dict], output: Path, settings: dict) 
                      f"{r['speedup_vs_sequential']:.2f} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
                      f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | {r['mean_batch_rows']:.2f} | "
                      f"{r['equal_to_sequential']}/{r['requests']} |")
+    auto = [r for r in records if "policy_steps" in r]
+    if auto:
+        lines += ["", "budget: auto, what the policy chose (gain over the batch's ar step):", "",
+                  "| strategy | concurrency | steps | ar steps | mean budget | predicted gain | measured gain |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in auto:
+            meas = r["policy_measured_gain"]
+            lines.append(f"| {r['strategy']} | {r['concurrency']} | {r['policy_steps']} | "
+                         f"{r['policy_ar_share']:.0%} | {r['policy_mean_budget']:.1f} | {r['policy_predicted_gain']:.2f} | "
+                         f"{'–' if meas is None else f'{meas:.2f}'} |")
     (output / "concurrency.md").write_text("\n".join(lines) + "\n")
     files = ["concurrency.json", "concurrency.md"]
     try:

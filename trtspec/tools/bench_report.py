@@ -155,11 +155,55 @@ def markdown(results: dict) -> str:
     stop_split = stop_split_table(results)
     if stop_split:
         lines += ["## Text past a stop token: × ar (τ) by whether ar's output reached one", "", stop_split, ""]
+    policy = policy_table(results)
+    if policy:
+        lines += ["## budget: auto, what the policy chose", "", policy, ""]
     lines += ["## Per prompt: tok/s (× ar), ≠@i = first token that differs from ar", "",
               per_prompt_table(results), "", "## Formulas", ""]
     lines += [f"- `{k}`: {v}" for k, v in results["formulas"].items()]
     lines += ["", "## Plots", "", "![speedup over ar](speedup.png)", "",
               "![tokens per target step](accepted_hist.png)", "", "![time split](time_split.png)", ""]
+    if policy:
+        lines += ["![budget: auto, chosen budget vs acceptance](policy.png)", ""]
+    return "\n".join(lines)
+
+
+def _policy_steps(results: dict, runner: str) -> dict[str, list]:
+    cols: dict[str, list] = {}
+    for p in results["prompts"]:
+        for k, v in (p["runs"][runner].get("policy") or {}).items():
+            cols.setdefault(k, []).extend(v)
+    return cols
+
+
+def policy_table(results: dict) -> str | None:
+    """Per budget-auto runner: the budgets chosen, ar steps, predicted vs measured gain, and the speedup
+    the plan's cost table projects (that table's times for the trees chosen)."""
+    runners = [r for r in results["settings"]["runners"] if _policy_steps(results, r)]
+    if not runners:
+        return None
+    plan = results["settings"].get("plan_costs")
+    lines = ["| runner | steps | ar steps (not drafted) | budget: mean [p10–p90] | accepted per drafted step | "
+             "predicted gain (mean) | measured gain (mean) | projected × ar by the cost table |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in runners:
+        c = _policy_steps(results, r)
+        b = c["budget"]
+        drafted = [a for a, d in zip(c["accepted"], c["drafted"]) if d]
+        meas = [x for x in c["measured_gain"] if x is not None] if not plan else []   # wall time vs another table
+        proj = sum((a + 1) * s for a, s in zip(c["accepted"], c["ar_s"])) / sum(c["modelled_s"])
+        q = sorted(b)
+        lines.append(f"| {r} | {len(b)} | {len(b) - len(drafted)} | {sum(b) / len(b):.1f} "
+                     f"[{q[len(q) // 10]}–{q[(9 * len(q)) // 10]}] | "
+                     f"{_f(sum(drafted) / len(drafted) if drafted else None)} | "
+                     f"{_f(sum(c['predicted_gain']) / len(b))} | {_f(sum(meas) / len(meas) if meas else None)} | "
+                     f"{_f(proj)} |")
+    lines += ["", "gain = tokens per second of the step over an ar step's (predicted: expected accepted + 1 over "
+              "the cost table's draft + verify time; measured: emitted tokens over the step's wall time, "
+              "against the table's ar step; – under --plan-costs, whose table is not this machine's). "
+              + (f"**The policy planned with `{plan}`, not with costs measured here: the last column is a "
+                 "projection from that table's times and the acceptance measured in this run.**" if plan else
+                 "The last column uses the costs measured here (the table the policy planned with).")]
     return "\n".join(lines)
 
 
@@ -232,11 +276,42 @@ def plots(results: dict, out: Path) -> list[str]:
     return files
 
 
+def policy_plot(results: dict, out: Path) -> list[str]:
+    """policy.png: per prompt, the mean budget chosen against the acceptance it met (accepted drafts per
+    drafted step), one point per prompt and budget-auto runner; marker area = share of ar steps."""
+    runners = [r for r in results["settings"]["runners"] if _policy_steps(results, r)]
+    if not runners:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for r in runners:
+        xs, ys, ss = [], [], []
+        for p in results["prompts"]:
+            c = p["runs"][r].get("policy")
+            if not c:
+                continue
+            drafted = [a for a, d in zip(c["accepted"], c["drafted"]) if d]
+            xs.append(sum(drafted) / len(drafted) if drafted else 0.0)
+            ys.append(sum(c["budget"]) / len(c["budget"]))
+            ss.append(20 + 200 * (1 - len(drafted) / len(c["budget"])))
+        ax.scatter(xs, ys, s=ss, alpha=0.6, label=r)
+    ax.set_xlabel("accepted drafts per drafted step (per prompt)")
+    ax.set_ylabel("mean budget chosen (nodes)")
+    ax.set_title("budget: auto — tree size follows acceptance (area: share of ar steps)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "policy.png", dpi=110)
+    plt.close(fig)
+    return ["policy.png"]
+
+
 def write_report(results: dict, out: Path) -> list[str]:
     """Write results.md and the PNG plots into `out`; return their file names."""
     out = Path(out)
     (out / "results.md").write_text(markdown(results))
-    return ["results.md"] + plots(results, out)
+    return ["results.md"] + plots(results, out) + policy_plot(results, out)
 
 
 if __name__ == "__main__":      # re-render a run's report: python -m trtspec.tools.bench_report DIR

@@ -41,6 +41,10 @@ def describe(folder: Path) -> list[str]:
                          f"{'symmetric' if q['symmetric'] else 'zero points'}, accuracy level {q['accuracy_level']} "
                          f"({q['activations']} activations), "
                          f"{q['matmuls_quantized']} of {q['matmuls_total']} MatMuls ({q['quantizer']})")
+    from ..runtime.costs import load
+    costs = load(folder)
+    lines += costs.describe() if costs else [f"step costs: none stored (measured at the first budget: auto request; "
+                                             f"now: trtspec inspect --engines {folder} --measure-costs)"]
     return lines
 
 

@@ -11,34 +11,13 @@ accepted length beats cost(T) / cost(1) plus the draft's cost.
 from __future__ import annotations
 
 import json
-import time
 
 import click
 import torch
 
 from ..config import BACKENDS
 from ..options import MAX_STEP_TOKENS
-from ..runtime.runner import drive
-
-
-def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3) -> list[dict]:
-    """Prefill, one warm-up forward, then `repeats` forwards per T in order: the last len(tokens) x
-    repeats engine runs are the timed ones (ort_profile.op_times relies on that order)."""
-    runner.reset()
-    vocab = runner.engine.spec.vocab_size
-    drive(runner.prefill([(1000 + i) % vocab for i in range(cached)]))
-    drive(runner.extend([1], last_only=False))       # warm-up
-    runner.cache.rollback()
-    rows = []
-    for t in tokens:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            drive(runner.extend([i % vocab for i in range(t)], last_only=False))
-            times.append(time.perf_counter() - t0)
-            runner.cache.rollback()
-        rows.append({"T": t, "min_s": round(min(times), 4), "median_s": round(sorted(times)[len(times) // 2], 4)})
-    return rows
+from ..runtime.costs import step_costs
 
 
 @click.command()

@@ -43,6 +43,10 @@ class Strategy:
         """Largest tree one step can send to the target, root included."""
         return 1
 
+    def auto_nodes(self) -> int | None:
+        """With budget auto: the most nodes the policy may add to a tree (its cap); None: fixed."""
+        return None
+
     def max_draft_rows(self) -> int:
         """Most draft-KV rows one step writes beyond the sequence (fed tree nodes, reviewed chains)."""
         return 0

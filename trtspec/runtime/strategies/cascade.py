@@ -10,6 +10,11 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
   positions.
 - Lenience applies below the top only; every level below the target is deterministic, so the
   target verifies with q = one-hot: greedy output is the target's greedy output and sampling is exact.
+
+With `k_draft: auto` (the default; cap `max_k_draft`) the policy (adaptive.py) vets every token of the
+reviewed tier (its calibrated acceptance must pay for its verify cost) and every review forward; the
+raw MaG tier (no draft probabilities to value it by) stays `k_mag` tokens after a non-empty chain; a
+step where nothing pays is a plain ar step.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ...errors import ConfigError
+from ...options import auto_or
 from .base import Strategy
 
 Count = Annotated[int, Field(ge=0, le=64)]
@@ -36,35 +42,71 @@ class Cascade(Strategy):
     name = "cascade"
     needs_draft = True
 
-    def __init__(self, k_draft: Annotated[int, Field(ge=1, le=64)] = 6, k_mag: Count = 4, mag_len: Count = 6,
+    def __init__(self, k_draft: auto_or(64) = "auto",
+                 max_k_draft: Annotated[int, Field(ge=1, le=64)] = 8, k_mag: Count = 4, mag_len: Count = 6,
                  lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None):
-        self.k_draft, self.k_mag, self.mag_len, self.lenience = k_draft, k_mag, mag_len, lenience
+        self.k_draft, self.max_k_draft, self.k_mag = k_draft, max_k_draft, k_mag
+        self.mag_len, self.lenience = mag_len, lenience
+        self.kd = max_k_draft if k_draft == "auto" else k_draft
         table = _bigram(bigram) if bigram else None
         self.mag = NGramDrafter(bigram=table)
 
+    def auto_nodes(self) -> int | None:
+        return self.kd + self.mag_len + self.k_mag if self.k_draft == "auto" else None
+
     def max_tree_size(self) -> int:
-        return self.k_draft + self.mag_len + self.k_mag + 1
+        return self.kd + self.mag_len + self.k_mag + 1
 
     def max_draft_rows(self) -> int:
-        return self.k_draft * (self.mag_len + 1)   # every review may feed mag_len rejected tokens
+        return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens
 
     def step(self, st: DecodeState) -> Calls:
+        pol = st.policy
+        if not st.will_draft():
+            return (yield from st.ar_step())
         t0 = time.perf_counter()
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
-        tree = yield from DraftTree.open(st, capacity=self.k_draft * (self.mag_len + 1) + self.k_mag + 2)
+        tree = yield from DraftTree.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
+        if pol is not None:
+            pol.opened(len(tree.pending))
         chain: list[int] = []                       # node ids, in order
-        last = 0
-        while len(chain) < self.k_draft:
-            node = tree.add(last, int(tree.probs[last].argmax()))   # the draft's own token
+        last, value = 0, {0: 1.0}
+        while len(chain) < self.kd:
+            tok, v = int(tree.probs[last].argmax()), 0.0    # the draft's own token
+            if pol is not None:
+                q = float(tree.probs[last][tok])
+                pol.saw_top1(q)
+                v = pol.value(value[last], q)
+                if not pol.worth(v):
+                    break
+                pol.add(v)
+            node = tree.add(last, tok)
+            value[node] = v
             chain.append(node)
-            if len(chain) >= self.k_draft:
+            if len(chain) >= self.kd:
                 break                                # a leaf: no need to feed it
             proposal = self.mag.propose(tree.context(node), self.mag_len)
+            if pol is not None:
+                if not pol.worth_feeding([], [value[node]], 1 + len(proposal)):
+                    break
+                pol.draft_forward(1 + len(proposal))
             fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)
-            chain += fed[1:]
+            for kept in fed[1:]:
+                if pol is not None:                  # a kept review token must pay for its verify cost too
+                    parent = int(tree.parents[kept])
+                    v = pol.value(value[parent], float(tree.probs[parent][int(tree.tokens[kept])]))
+                    if not pol.worth(v):
+                        tree.alive[kept:tree.size] &= ~tree.anc[kept:tree.size, kept]
+                        break
+                    pol.add(v)
+                    value[kept] = v
+                chain.append(kept)
             last = chain[-1]
-        for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
-            chain.append(tree.add(chain[-1], int(tok)))
+        if chain:
+            for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
+                chain.append(tree.add(chain[-1], int(tok)))
+                if pol is not None:
+                    pol.add(0.0)                     # verified, so counted; no probability to value it by
         st.draft_seconds = time.perf_counter() - t0
         return (yield from tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept))[0]
 

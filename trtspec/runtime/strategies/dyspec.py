@@ -11,6 +11,10 @@ child's q so Sequoia/DySpec recursive rejection verifies exactly. Under greedy t
   fed yet is fed together with the other such slots of the round (`batch` pops per round).
 - threshold (Algorithm 2): layer by layer, one batched draft forward per layer; at every leaf keep
   drawing children while the slot value v > t (the paper prints `v < t`, a typo), capped by budget.
+
+With `budget: auto` (the default; cap `max_budget`) the policy (adaptive.py) also vets every drawn
+child (its calibrated acceptance must pay for its verify cost, else drafting ends) and every draft
+forward; a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from ...options import MAX_STEP_TOKENS, Depth, Fraction, TreeSize
+from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
 from .base import Strategy
 
 
@@ -34,27 +38,44 @@ class DySpec(Strategy):
     name = "dyspec"
     needs_draft = True
 
-    def __init__(self, variant: Literal["heap", "threshold"] = "heap", budget: TreeSize = 24,
-                 batch: Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)] = 6, threshold: Fraction = 0.05,
-                 max_depth: Depth = 12):
-        self.variant, self.budget, self.batch = variant, budget, batch
+    def __init__(self, variant: Literal["heap", "threshold"] = "heap", budget: Budget = "auto",
+                 max_budget: TreeSize = 32, batch: Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)] = 6,
+                 threshold: Fraction = 0.05, max_depth: Depth = 12):
+        self.variant, self.budget, self.max_budget, self.batch = variant, budget, max_budget, batch
         self.threshold, self.max_depth = threshold, max_depth
+        self.nodes = max_budget if budget == "auto" else budget
+
+    def auto_nodes(self) -> int | None:
+        return self.nodes if self.budget == "auto" else None
 
     def max_tree_size(self) -> int:
-        return self.budget + 1
+        return self.nodes + 1
 
     def max_draft_rows(self) -> int:
-        return self.budget                     # every fed node was added first
+        return self.nodes                      # every fed node was added first
 
     def _draw(self, st: DecodeState, residual: torch.Tensor) -> int:
         if st.sampling.greedy:
             return int(residual.argmax())
         return int(torch.multinomial(residual, 1, generator=st.gen))
 
-    def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor):
-        """Draw one child from `residual`; returns (node, R[y], residual without y)."""
+    def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor, value: dict):
+        """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
+        policy (budget auto) finds the child not worth verifying. `value`: calibrated node values."""
+        pol, v = st.policy, 0.0
+        if pol is not None and not st.sampling.greedy:      # decided before the draw (adaptive.draw_value)
+            v = pol.draw_value(value[parent], residual, tree.probs[parent])
+            if not pol.worth(v):
+                return None
         y = self._draw(st, residual)
+        if pol is not None and st.sampling.greedy:          # the draw is the argmax: its own value
+            v = pol.value(value[parent], float(tree.probs[parent][y]))
+            if not pol.worth(v):
+                return None
+        if pol is not None:
+            pol.add(v)
         node = tree.add(parent, y, q=None if st.sampling.greedy else residual.clone())
+        value[node] = v
         ry = float(residual[y])
         rest = residual.clone()
         rest[y] = 0.0
@@ -62,8 +83,13 @@ class DySpec(Strategy):
         return node, ry, (rest / total if total > 0 else None)
 
     def step(self, st: DecodeState) -> Calls:
+        if not st.will_draft():
+            return (yield from st.ar_step())
         t0 = time.perf_counter()
-        tree = yield from DraftTree.open(st, capacity=self.budget + 2)
+        tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
+        if st.policy is not None:
+            st.policy.opened(len(tree.pending))
+            st.policy.saw_top1(float(tree.probs[0].max()))
         if self.variant == "heap":
             yield from self._heap(st, tree)
         else:
@@ -73,18 +99,31 @@ class DySpec(Strategy):
 
     def _heap(self, st: DecodeState, tree: DraftTree) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
+        pol, value = st.policy, {0: 1.0}
         heap = [(-1.0, 0, 0, tree.probs[0])]
         count, added = 1, 0
-        while heap and added < self.budget:
-            slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.budget - added))]
+        while heap and added < self.nodes:
+            slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.nodes - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
+            if unfed and pol is not None:
+                fed_slots = [value[parent] * pol.top1 for _, _, parent, res in slots if res is not None]
+                if pol.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed)):
+                    pol.draft_forward(len(unfed))
+                else:                                   # budget auto: their children are not worth a forward
+                    slots, unfed = [sl for sl in slots if sl[3] is not None], []
             if unfed:
                 yield from tree.feed(unfed)
+                if pol is not None:
+                    for n in unfed:
+                        pol.saw_top1(float(tree.probs[n].max()))
             for neg, _, parent, res in slots:
                 v = -neg
                 if res is None:
                     res = tree.probs[parent]
-                node, ry, rest = self._child(st, tree, parent, res)
+                drawn = self._child(st, tree, parent, res, value)
+                if drawn is None:                       # budget auto: this slot's child does not pay
+                    continue
+                node, ry, rest = drawn
                 added += 1
                 if rest is not None:                    # next sibling at the same parent
                     heapq.heappush(heap, (-(v * (1 - ry)), count, parent, rest))
@@ -94,19 +133,27 @@ class DySpec(Strategy):
                     count += 1
 
     def _threshold(self, st: DecodeState, tree: DraftTree) -> Calls:
+        pol, value = st.policy, {0: 1.0}
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
             if depth > 0:
+                if pol is not None:
+                    if not pol.worth_feeding([], [value[n] for n, _ in leaves], len(leaves)):
+                        return
+                    pol.draft_forward(len(leaves))
                 yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer
             new = []
             for node, v in leaves:
                 res = tree.probs[node]
-                while v > self.threshold and added < self.budget and res is not None:
-                    child, ry, res = self._child(st, tree, node, res)
+                while v > self.threshold and added < self.nodes and res is not None:
+                    drawn = self._child(st, tree, node, res, value)
+                    if drawn is None:
+                        break
+                    child, ry, res = drawn
                     new.append((child, v * ry))
                     v *= 1 - ry
                     added += 1
             leaves = [(n, v) for n, v in new if v > self.threshold]   # only these can grow children
-            if not leaves or added >= self.budget:
+            if not leaves or added >= self.nodes:
                 break

@@ -12,6 +12,10 @@ subtrees, up to the node budget) because a node's KV depends on its prefix. Chil
 deterministic, so sampling verification uses the exact q = one-hot rule (not the reference code's
 biased min(1, p/q) acceptance). Draft KV fix-up: nodes reached through a merged edge are `borrowed`;
 the draft commit stops there and those accepted tokens are re-fed as pending next step.
+
+With `budget: auto` (the default; cap `max_budget`) the policy (adaptive.py) vets each depth's draft
+forward and each node of the unrolled tree (a node whose calibrated acceptance does not pay for its
+verify cost is left out, with its subtree); a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from ...options import Fraction, TreeSize
+from ...options import Budget, Fraction, TreeSize
 from .base import Strategy
 
 
@@ -37,13 +41,18 @@ class GSD(Strategy):
 
     def __init__(self, top_k: Annotated[int, Field(ge=1, le=64)] = 3, sibling_ratio: Fraction = 0.2,
                  confidence: Fraction = 0.3, repeat: Annotated[int, Field(ge=-1, le=32)] = 1,
-                 max_depth: Annotated[int, Field(ge=1, le=64)] = 8, budget: TreeSize = 32,
-                 max_draft_nodes: TreeSize = 64):
+                 max_depth: Annotated[int, Field(ge=1, le=64)] = 8, budget: Budget = "auto",
+                 max_budget: TreeSize = 32, max_draft_nodes: TreeSize = 64):
         self.top_k, self.sibling_ratio, self.confidence, self.repeat = top_k, sibling_ratio, confidence, repeat
-        self.max_depth, self.budget, self.max_draft_nodes = max_depth, budget, max_draft_nodes
+        self.max_depth, self.budget, self.max_budget = max_depth, budget, max_budget
+        self.max_draft_nodes = max_draft_nodes
+        self.nodes = max_budget if budget == "auto" else budget
+
+    def auto_nodes(self) -> int | None:
+        return self.nodes if self.budget == "auto" else None
 
     def max_tree_size(self) -> int:
-        return self.budget + 1
+        return self.nodes + 1
 
     def max_draft_rows(self) -> int:
         # Fed frontier nodes: those at depths 1 .. max_depth-1, at most top_k**d of them at depth d.
@@ -87,19 +96,31 @@ class GSD(Strategy):
         return False
 
     def step(self, st: DecodeState) -> Calls:
+        pol = st.policy
+        if not st.will_draft():
+            return (yield from st.ar_step())
         t0 = time.perf_counter()
-        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.budget + 2)
+        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2)
+        path_p = {0: 1.0}                       # cumulative draft probability (budget auto: calibrated)
+        if pol is not None:
+            pol.opened(len(tree.pending))
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
         confident = {0: True}
         frontier, merges = [0], 0
         for depth in range(self.max_depth):
             if depth > 0:
+                if pol is not None:
+                    if not pol.worth_feeding([], [path_p[n] for n in frontier], len(frontier)):
+                        break
+                    pol.draft_forward(len(frontier))
                 yield from tree.feed(frontier)
             new = []
             for node in frontier:
                 p = tree.probs[node]
                 top = p.topk(min(self.top_k, p.numel()))
                 p1 = float(top.values[0])
+                if pol is not None:
+                    pol.saw_top1(p1)
                 for prob, tok in zip(top.values.tolist(), top.indices.tolist()):
                     if prob < self.sibling_ratio * p1 or tree.size >= self.max_draft_nodes:
                         continue
@@ -109,35 +130,36 @@ class GSD(Strategy):
                         merges += 1
                         continue
                     child = tree.add(node, tok)
+                    path_p[child] = pol.value(path_p[node], prob) if pol is not None else path_p[node] * prob
                     confident[child] = confident[node] and prob >= self.confidence
                     new.append(child)
             if not any(confident[c] for c in new):
                 break
             frontier = new
-        nodes = self._unroll(tree, merged)
+        nodes = self._unroll(tree, merged, pol)
         st.draft_seconds = time.perf_counter() - t0
         emitted, path = yield from tree.finish(nodes, merges=merges)
         st.steps[-1].extra["merged_path"] = bool(tree.borrowed[path].any())
         return emitted
 
-    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]]) -> list[int]:
+    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], pol=None) -> list[int]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
-        as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes."""
+        as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes.
+        With the policy (budget auto), a node that does not pay is left out with its subtree."""
         dag = {g: tree.children(g).tolist() for g in range(tree.size)}   # before copies are added
         keep = [0]
-        queue = deque([(0, 0)])                  # (DAG node, tree node it is unrolled as)
-        while queue and len(keep) <= self.budget:
-            g, t = queue.popleft()
-            for c in dag[g]:
-                if len(keep) > self.budget:
+        queue = deque([(0, 0, 1.0)])             # (DAG node, tree node it is unrolled as, its value)
+        while queue and len(keep) <= self.nodes:
+            g, t, v = queue.popleft()
+            for c in dag[g] + merged.get(g, []):
+                if len(keep) > self.nodes:
                     break
-                node = c if t == g else tree.add(t, int(tree.tokens[c]), borrowed=True)
+                cv = pol.value(v, float(tree.probs[g][int(tree.tokens[c])])) if pol is not None else 0.0
+                if pol is not None:
+                    if not pol.worth(cv):
+                        continue
+                    pol.add(cv)
+                node = c if t == g and c in dag[g] else tree.add(t, int(tree.tokens[c]), borrowed=True)
                 keep.append(node)
-                queue.append((c, node))
-            for m in merged.get(g, []):
-                if len(keep) > self.budget:
-                    break
-                node = tree.add(t, int(tree.tokens[m]), borrowed=True)
-                keep.append(node)
-                queue.append((m, node))
+                queue.append((c, node, cv))
         return keep

@@ -1,0 +1,296 @@
+"""budget: auto (runtime/adaptive.py) and the step costs it plans with (runtime/costs.py).
+
+The policy on synthetic costs and acceptance: ar (budget 0) when drafts are never accepted; a large
+tree when acceptance is high and verification is flat (GPU-like); a small one when each verified
+token costs (CPU-like); its choice at least as good as every fixed budget of a grid under the same
+synthetic model (node selection, and chains that pay a draft forward per token); a batch's
+neighbours shrink a request's tree. The cost table interpolates, round-trips through costs.json,
+is measured by build / at first use, listed by inspect, and not hashed by the manifest. End to end:
+every strategy with budget auto equals ar (greedy), its steps carry the policy's record, and run
+--json shows it. Exactness under sampling with budget auto: test_tree_sampling.py (*-auto cases).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import CPU_LIKE, GPU_LIKE
+from trtspec.config import load_config
+from trtspec.engines.build import build_engines
+from trtspec.runtime.adaptive import Acceptance, AutoBudget, BatchView
+from trtspec.runtime.costs import COSTS_FILE, CostModel, CostTable, fits, load
+from trtspec.runtime.strategies import STRATEGIES, make_strategy
+
+TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny-random.yaml"
+
+CPU, GPU = CPU_LIKE, GPU_LIKE
+
+
+def select(pol: AutoBudget, values: list[float]) -> int:
+    """The policy's node selection over candidates sorted best first (as staged's heap offers them)."""
+    values = sorted(values, reverse=True)
+    for v in values[: pol.take(values)]:
+        pol.add(v)
+    return pol.nodes
+
+
+def rate(costs: CostModel, values: list[float], n: int, draft_s: float = 0.0) -> float:
+    top = sorted(values, reverse=True)[:n]
+    return (1 + sum(top)) / (draft_s + costs.target(n + 1))
+
+
+def tree_values(p_top: float, fan: int = 4, depth: int = 12) -> list[float]:
+    """Path values of a best-first tree under rank-based acceptance (Sequoia's positional model):
+    the k-th child is accepted with p_top * 0.3**(k-1)."""
+    ranks = [p_top * 0.3 ** k for k in range(fan)]
+    out, frontier = [], [1.0]
+    for _ in range(depth):
+        frontier = sorted((v * r for v in frontier for r in ranks), reverse=True)[:64]
+        out += frontier
+    return sorted(out, reverse=True)[:200]
+
+
+@pytest.mark.parametrize("costs", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("p_top", [0.05, 0.3, 0.6, 0.8, 0.95])
+def test_node_selection_beats_every_fixed_budget(costs, p_top):
+    values = tree_values(p_top)
+    pol = AutoBudget(costs, max_nodes=64)
+    pol.begin(0)
+    n = select(pol, values)
+    best_fixed = max(rate(costs, values, k) for k in (0, 1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64))
+    assert rate(costs, values, n) >= best_fixed * (1 - 1e-9), (n, rate(costs, values, n), best_fixed)
+
+
+def test_large_tree_when_acceptance_high_and_verify_flat_small_on_cpu():
+    values = tree_values(0.9)
+    gpu, cpu = AutoBudget(GPU, max_nodes=64), AutoBudget(CPU, max_nodes=64)
+    gpu.begin(0)
+    cpu.begin(0)
+    assert select(gpu, values) >= 48
+    assert 4 <= select(cpu, values) <= 24
+
+
+def chain_rate(costs: CostModel, p: float, k: int) -> float:
+    """A chain of k drafts, each accepted with p given its parent: one draft forward per token."""
+    return (1 + sum(p ** i for i in range(1, k + 1))) / (costs.draft(1) * k + costs.target(k + 1)) if k else \
+        1 / costs.target(1)
+
+
+@pytest.mark.parametrize("costs", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.8, 0.95])
+def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
+    """chain's loop: the first draft forward is paid, then each token is vetted (worth) and each further
+    forward too (worth_feeding, guessing the next token's value from the running top-1 estimate)."""
+    pol = AutoBudget(costs, max_nodes=32)
+    pol.f.update(np.full(400, 0.95), np.random.default_rng(0).random(400) < p)   # calibrated: f(0.95) ~ p
+    for _ in range(20):
+        pol.saw_top1(0.95)
+    pol.begin(0)
+    pol.draft_forward(1)
+    value, k = 1.0, 0
+    while k < 32:
+        v = pol.value(value, 0.95)
+        if not pol.worth(v):
+            break
+        pol.add(v)
+        value, k = v, k + 1
+        if not pol.worth_feeding([], [value], 1):
+            break
+        pol.draft_forward(1)
+    f = pol.f(0.95)
+    best_fixed = max(chain_rate(costs, f, j) for j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
+    got = chain_rate(costs, f, k)
+    assert got >= best_fixed * 0.98, (k, got, best_fixed)
+
+
+def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
+    pol = AutoBudget(CPU, max_nodes=32)
+    drafted = []
+    for _ in range(60):
+        d = pol.begin(100)
+        drafted.append(d)
+        if d:                                       # a 4-node tree of confident drafts, all rejected
+            pol.draft_forward(1)
+            for _ in range(4):
+                pol.add(pol.value(1.0, 0.9))
+            pol.observe(5, np.array([0]), np.array([-1, 0, 1, 2, 3]), np.array([np.nan, .9, .9, .9, .9]), 1, 0.2)
+        else:
+            rec = pol.observe(1, np.array([0]), np.array([-1]), None, 1, 0.17)
+            assert rec["budget"] == 0 and rec["predicted_gain"] == 1.0
+    assert drafted[0] and not all(drafted[:3])
+    assert sum(drafted[20:]) <= 3                     # probes at most every 16 steps
+    assert pol.f(0.9) < 0.4 < Acceptance()(0.9)       # calibrated: confident drafts are rejected here
+
+
+def test_acceptance_prior_and_calibration():
+    f = Acceptance()
+    assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated
+    f.update(np.full(200, 0.85), np.arange(200) < 60)                   # 30% accepted at q = 0.85
+    assert abs(f(0.85) - 0.3) < 0.05 and f(0.55) > 0.5                 # other bins keep their prior
+
+
+def test_batch_neighbours_shrink_the_tree_on_cpu():
+    values = tree_values(0.8)
+    alone = AutoBudget(CPU, max_nodes=64)
+    alone.begin(0)
+    view = BatchView()
+    view.observe({r: (4, 3.0) for r in range(1, 8)},   # 7 neighbours: 4-token trees, ~3 tokens expected
+                 [{r: 2 for r in range(1, 8)}, {r: 5 for r in range(1, 8)}])
+    crowded = AutoBudget(CPU, max_nodes=64, batch=view)
+    crowded.begin(0)
+    assert select(crowded, values) < select(alone, values)
+
+
+def test_batch_forwards_are_costed_padded_and_the_draft_joins_its_round():
+    """A forward over B rows costs what the Batcher runs: B rows padded to the longest. A draft
+    forward joins the neighbours' forward of the same round (its marginal cost), or runs alone."""
+    view = BatchView()
+    view.observe({r: (2, 1.5) for r in range(1, 9)}, [{r: 2 for r in range(1, 9)}, {r: 10 for r in range(1, 9)}])
+    pol = AutoBudget(CPU, max_nodes=64, batch=view, request=8)          # request 8's own entries are not neighbours
+    pol.begin(0)
+    assert pol.verify_s(0) == pytest.approx(CPU.target(8 * 2))          # my root row pads to 2 like theirs
+    assert pol.verify_s(7) == pytest.approx(CPU.target(8 * 8))          # a tree of 8 pads every row to 8
+    assert pol.draft_s == pytest.approx(CPU.draft(7 * 2) + CPU.draft(7 * 10))   # their draft time, before mine
+    pol.draft_forward(2)                                                # round 0: joins theirs
+    pol.draft_forward(4)                                                # round 1: within their 10, padded
+    pol.draft_forward(3)                                                # round 2: nobody else: alone
+    assert pol.draft_s == pytest.approx(CPU.draft(8 * 2) + CPU.draft(8 * 10) + CPU.draft(3))
+    assert pol.all_ar_rate() == pytest.approx(8 / CPU.target(8))        # the batch if everyone took ar
+    alone = AutoBudget(CPU, max_nodes=64)
+    alone.begin(0)
+    alone.draft_forward(3)
+    assert alone.draft_s == pytest.approx(CPU.draft(3)) and alone.verify_s(4) == pytest.approx(CPU.target(5))
+    view.forget(3)                                                      # a neighbour ended: out of the view
+    assert pol.verify_s(0) == pytest.approx(CPU.target(7 * 2)) and 3 not in view.draft[0]
+
+
+def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
+    """Each neighbour drafting makes one more tree look cheap (the batch waits anyway), so the gate
+    compares the batch with trees against the batch with no drafting at all."""
+    view = BatchView()
+    view.observe({r: (6, 2.0) for r in range(1, 8)}, [{r: 2 for r in range(1, 8)}, {r: 5 for r in range(1, 8)}])
+    pol = AutoBudget(CPU, max_nodes=64, batch=view, request=8)
+    assert pol.begin(0)                                   # no history yet: draft
+    pol.draft_forward(2)
+    for _ in range(5):
+        pol.add(pol.value(1.0, 0.6))
+    rec = pol.observe(6, np.array([0, 1]), np.array([-1, 0, 1, 2, 3, 4]), np.full(6, 0.6), 2, 1.0)
+    # with the neighbours' 2 tokens each, the batch makes 7 * 2 + 2 = 16 tokens per iteration of
+    # 2 draft forwards + a target forward over 8 x 6 rows: fewer per second than 8 ar rows
+    assert rec["modelled_gain"] < 1 and not pol.begin(0)
+
+
+def test_cost_table_interpolates_and_extrapolates():
+    t = CostTable([1, 4, 16], [0, 1000], [[1.0, 2.0, 5.0], [2.0, 3.0, 6.0]])
+    assert t(1, 0) == 1.0 and t(2.5, 0) == pytest.approx(1.5) and t(16, 500) == pytest.approx(5.5)
+    assert t(28, 0) == pytest.approx(8.0) and t(1, 2000) == pytest.approx(3.0)     # linear past the grid
+    assert CostModel.from_dict(json.loads(json.dumps(CPU.to_dict()))).target(10) == pytest.approx(CPU.target(10))
+
+
+def test_auto_is_the_default_of_every_tree_strategy_and_fixed_stays():
+    for name in ("chain", "staged", "dyspec", "gsd", "cascade"):
+        assert make_strategy(name).auto_nodes() is not None, name
+    assert make_strategy("staged", budget=12).auto_nodes() is None
+    assert make_strategy("cascade", k_draft=6).auto_nodes() is None
+    assert make_strategy("chain", k=4).max_tree_size() == 5
+    assert all(make_strategy(n).auto_nodes() is None for n in ("ar", "ngram"))
+    assert set(STRATEGIES) == {"ar", "ngram", "chain", "staged", "dyspec", "gsd", "cascade"}
+
+
+@pytest.mark.parametrize("strategy", ["chain", "staged", "dyspec", "dyspec:variant=threshold", "gsd", "cascade"])
+def test_auto_equals_ar_and_records_the_policy(small_pair, strategy):
+    """On the 16-token pair (peaked draft distributions) with GPU-like costs, trees do get drafted."""
+    gen = small_pair.generator(capacity=256, costs=GPU)
+    prompt = [1, 3, 5, 1, 3, 5, 1]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=30).token_ids
+    res = gen.generate(prompt, strategy=strategy, max_new_tokens=30)
+    assert res.token_ids == ref
+    recs = [s.extra for s in res.steps]
+    assert all({"budget", "predicted_gain", "measured_gain", "expected_accepted"} <= r.keys() for r in recs)
+    assert max(r["budget"] for r in recs) >= 2
+    assert all(s.tree_size == r["budget"] + 1 for s, r in zip(res.steps, recs))     # the policy counts every node
+    gen.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("eng") / "tiny"
+    build_engines(load_config(TINY), out, backend="torch", log=lambda *a, **k: None)
+    return out
+
+
+def test_costs_stored_listed_and_not_hashed(tiny_folder):
+    """build measured costs.json; load uses it (no re-measuring), inspect lists it, verify ignores it,
+    --measure-costs writes it again."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    from trtspec.engines.load import load_generator
+    from trtspec.engines.manifest import verify
+    costs = load(tiny_folder)
+    assert costs is not None and costs.draft is not None and costs.meta["backend"] == "torch"
+    gen = load_generator(tiny_folder)
+    assert fits(costs, gen.costs_key) and gen.costs_key["backend"] == "torch" and gen.costs_key["draft"]
+    assert gen.costs is None                      # tiny-random's strategies (chain k 4, ngram) have no auto
+    assert gen.step_costs().meta["measured"] == costs.meta["measured"]         # read, not measured again
+    assert not fits(costs, {**gen.costs_key, "threads": 7})
+    gen.close()
+    verify(tiny_folder)
+    out = CliRunner().invoke(main, ["inspect", "--engines", str(tiny_folder)])
+    assert out.exit_code == 0 and "step costs (" in out.output and "target C=" in out.output
+    before = costs.meta["measured"]
+    (tiny_folder / COSTS_FILE).unlink()
+    out = CliRunner().invoke(main, ["inspect", "--engines", str(tiny_folder), "--measure-costs"])
+    assert out.exit_code == 0, out.output
+    assert load(tiny_folder) is not None and load(tiny_folder).meta["measured"] >= before
+    verify(tiny_folder)
+
+
+def test_run_json_has_per_step_policy_records(tiny_folder):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    out = CliRunner().invoke(main, ["run", "--engines", str(tiny_folder), "--strategy", "staged", "--prompt", "def f(x):",
+                                    "--max-new-tokens", "12", "--json"])
+    assert out.exit_code == 0, out.output
+    steps = json.loads(out.output.strip().splitlines()[-1])["steps"]
+    assert steps and all("budget" in s and "predicted_gain" in s and "measured_gain" in s for s in steps)
+
+
+def test_bench_variants_policy_records_and_projection(tiny_folder, tmp_path):
+    """bench: a strategy with overrides is its own runner; auto runners carry per-step policy columns,
+    results.md a budget: auto table and policy.png; --plan-costs plans with another table (projection)."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n"
+                            for i, p in enumerate(["def fib(n):\n    return", "a = 1\nb = 2\na = 1\nb ="])))
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps(GPU.to_dict()))
+    out = tmp_path / "res"
+    r = CliRunner().invoke(main, ["bench", "--engines", str(tiny_folder), "--dataset", str(data), "--peers", "none",
+                                  "--strategies", "staged,staged:budget=4", "--max-new-tokens", "10", "--threads", "1",
+                                  "--plan-costs", str(gpu), "--output", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    res = json.loads((out / "results.json").read_text())
+    assert res["settings"]["runners"] == ["ar", "staged", "staged:budget=4"]
+    assert res["settings"]["strategy_options"]["staged:budget=4"]["budget"] == 4
+    for p in res["prompts"]:
+        assert p["runs"]["staged:budget=4"]["matches_ar"] and p["runs"]["staged"]["matches_ar"]
+        assert "policy" not in p["runs"]["staged:budget=4"]
+        pol = p["runs"]["staged"]["policy"]
+        n = p["runs"]["staged"]["target_steps"]
+        assert all(len(pol[k]) == n for k in ("budget", "accepted", "predicted_gain", "modelled_s", "ar_s"))
+        assert all(s == pytest.approx(0.010, rel=0.2) for s in pol["ar_s"])      # GPU's table, not this CPU's
+    md = (out / "results.md").read_text()
+    assert "## budget: auto, what the policy chose" in md and "projection" in md and "policy.png" in md
+    assert (out / "policy.png").stat().st_size > 1000
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = CliRunner().invoke(main, ["bench", "--engines", str(tiny_folder), "--dataset", str(data), "--peers", "none",
+                                  "--plan-costs", str(bad)])
+    assert r.exit_code != 0 and "--plan-costs" in r.output and "Traceback" not in r.output

@@ -1,0 +1,204 @@
+"""Measured step costs: how long one target / draft forward over N new tokens takes after C cached.
+
+The adaptive budget (adaptive.py) sizes every step's tree from these numbers, so they are measured
+on the machine that runs, with the engines and threads that run:
+
+    costs = measure(target_engine, draft_engine)          # ~20 s for the Qwen 1.5B/0.5B pair here
+    costs.target(16, 300)   # seconds, interpolated: piecewise linear in N and in C, extrapolated
+                            # linearly past the grid (a batch is costed at N = the sum of its rows'
+                            # tokens: the measured points are single-row; padding is not modelled)
+
+An engine folder keeps them in `costs.json`: measured by `trtspec build`, or when a generator that
+runs budget: auto loads and the file is missing or was measured for another run (machine, threads,
+backend, device, CUDA graphs, draft quantization, buckets: `run_key`); `trtspec inspect --engines DIR
+--measure-costs` measures again. One run's table per file. It is not in the manifest's hashes: it
+describes the machine, not the build.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from ..engines.manifest import COSTS_FILE
+from .runner import ModelRunner, drive
+
+TOKENS = (1, 2, 4, 8, 16, 32, 64)
+CACHED = (64, 512)
+FORMAT = "trtspec-costs-1"
+
+
+@dataclass
+class CostTable:
+    """Seconds of one forward: `seconds[i][j]` at `cached[i]` cached tokens and `tokens[j]` new ones."""
+    tokens: list[int]
+    cached: list[int]
+    seconds: list[list[float]]
+
+    def __call__(self, n: float, c: float = 0.0) -> float:
+        rows = [_interp(n, self.tokens, row) for row in self.seconds]
+        return max(_interp(c, self.cached, rows), 0.0)
+
+    def to_dict(self) -> dict:
+        return {"tokens": self.tokens, "cached": self.cached, "seconds": self.seconds}
+
+
+def _interp(x: float, xs: list[int], ys: list[float]) -> float:
+    """Piecewise linear through (xs, ys), continued linearly past both ends (one point: constant)."""
+    if len(xs) == 1:
+        return ys[0]
+    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclass
+class CostModel:
+    target: CostTable
+    draft: CostTable | None = None
+    meta: dict = field(default_factory=dict)     # threads, backend, machine, when, how
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "meta": self.meta, "target": self.target.to_dict(),
+                "draft": self.draft.to_dict() if self.draft else None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} file")
+        return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}))
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1))
+        os.replace(tmp, path)
+
+    def describe(self) -> list[str]:
+        """Lines for `trtspec inspect`: ms per forward at each grid point."""
+        m = self.meta
+        out = [f"step costs ({m.get('measured', '?')}, {m.get('backend', '?')}, {m.get('threads', '?')} threads, "
+               f"{m.get('machine', '?')}): ms per forward over N new tokens"]
+        for role, t in (("target", self.target), ("draft", self.draft)):
+            if t is None:
+                continue
+            for c, row in zip(t.cached, t.seconds):
+                cells = "  ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(t.tokens, row))
+                out.append(f"  {role:6s} C={c:<5d} N:ms  {cells}")
+        return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    return f"{cpu_name()}, {os.cpu_count()} cpus"
+
+
+def grid(capacity: int) -> tuple[list[int], list[int]]:
+    """The (tokens, cached) points that fit a cache of `capacity` rows."""
+    tokens = [t for t in TOKENS if t < capacity // 2] or [1]
+    cached = sorted({min(c, capacity - max(tokens) - 1) for c in CACHED if capacity - max(tokens) - 1 > 0}) or [0]
+    return tokens, cached
+
+
+def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3, digits: int | None = 4) -> list[dict]:
+    """Prefill, one warm-up forward, then `repeats` forwards per T in order: the last len(tokens) x
+    repeats engine runs are the timed ones (ort_profile.op_times relies on that order)."""
+    runner.reset()
+    vocab = runner.engine.spec.vocab_size
+    drive(runner.prefill([(1000 + i) % vocab for i in range(cached)]))
+    drive(runner.extend([1], last_only=False))       # warm-up
+    runner.cache.rollback()
+    rows = []
+    for t in tokens:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            drive(runner.extend([i % vocab for i in range(t)], last_only=False))
+            times.append(time.perf_counter() - t0)
+            runner.cache.rollback()
+        rnd = (lambda x: x) if digits is None else (lambda x: round(x, digits))
+        rows.append({"T": t, "min_s": rnd(min(times)), "median_s": rnd(sorted(times)[len(times) // 2])})
+    return rows
+
+
+def measure_table(runner, tokens: list[int], cached: list[int], repeats: int = 3, bar=None) -> CostTable:
+    """Min over `repeats` forwards per point (noise on a shared machine only adds time)."""
+    rows = []
+    for c in cached:
+        got = step_costs(runner, tokens, c, repeats, digits=None)
+        rows.append([max(r["min_s"], 1e-6) for r in got])
+        if bar is not None:
+            bar.update(len(tokens))
+    return CostTable(list(tokens), list(cached), rows)
+
+
+def run_key(threads: int = 0, backend: str = "", has_draft: bool = True, **runtime) -> dict:
+    """What a table describes: this machine, threads, backend, whether a draft exists, and the runtime
+    choices that change step times (device, cuda_graphs, draft_quantize, buckets)."""
+    return {"machine": machine(), "threads": threads, "backend": backend, "draft": has_draft, **runtime}
+
+
+def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend: str = "", repeats: int = 3,
+            buckets: dict | None = None, progress: bool = False, key: dict | None = None) -> CostModel:
+    """Time the engines over the grid (each on a one-slot pool of its own)."""
+    from tqdm import tqdm
+
+    tokens, cached = grid(capacity)
+    engines = [("target", target)] + ([("draft", draft)] if draft is not None else [])
+    tables = {}
+    with tqdm(total=len(engines) * len(tokens) * len(cached), desc="step costs", unit="point",
+              disable=not progress, leave=False) as bar:
+        for role, engine in engines:
+            runner = ModelRunner.alone(engine, capacity=max(cached) + max(tokens) + 2, buckets=buckets)
+            tables[role] = measure_table(runner, tokens, cached, repeats, bar)
+    meta = {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": threads,
+            "backend": backend, "machine": machine(), "repeats": repeats, "statistic": "min",
+            "key": key or run_key(threads, backend, draft is not None)}
+    return CostModel(tables["target"], tables.get("draft"), meta)
+
+
+def load(folder: Path) -> CostModel | None:
+    try:
+        return CostModel.from_dict(json.loads((Path(folder) / COSTS_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def fits(costs: CostModel | None, key: dict) -> bool:
+    """Whether stored costs describe this run (`run_key`)."""
+    return costs is not None and costs.meta.get("key") == key
+
+
+def load_or_measure(folder: Path, target, draft, capacity: int, key: dict, buckets: dict | None = None,
+                    log=None) -> CostModel:
+    """The folder's stored costs if they describe this run (`key`), else measured now and stored."""
+    costs = load(folder)
+    if fits(costs, key):
+        return costs
+    log = log or (lambda m: print(m, file=sys.stderr))
+    log(f"measuring step costs for budget: auto ({'none stored' if costs is None else 'stored ones are for another run'}"
+        f"; stored in {Path(folder) / COSTS_FILE})")
+    t0 = time.perf_counter()
+    costs = measure(target, draft, capacity, key["threads"], key["backend"], buckets=buckets, progress=True, key=key)
+    costs.meta["seconds"] = round(time.perf_counter() - t0, 1)
+    try:
+        costs.save(Path(folder) / COSTS_FILE)
+    except OSError:
+        pass                       # a read-only folder: measured again next time
+    return costs
