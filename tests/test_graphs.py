@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import GPU_LIKE
+
 from trtspec.engines.cuda_graphs import GraphedTorchEngine
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.export.tiny import tiny_pair, tiny_spec
@@ -47,7 +49,8 @@ def test_bucketed_runs_equal_unbucketed(pair, reference, engine_cls):
 def test_graphs_keyed_by_bucketed_shape_and_reused(pair):
     target, draft = GraphedTorchEngine(pair[0], device="cpu"), GraphedTorchEngine(pair[1], device="cpu")
     assert target.fallback_reason and "CUDA" in target.fallback_reason
-    g = Generator(target, draft, capacity=256, buckets=BUCKETS)
+    # costs given: measuring them here would add the measurement's own shapes (its prefill) to the graphs
+    g = Generator(target, draft, capacity=256, buckets=BUCKETS, costs=GPU_LIKE)
     g.generate(PROMPT, strategy="staged", max_new_tokens=30)
     keys = set(target.graphs)
     # Every shape is a bucket: T in the token buckets, C+T - T in the cache buckets, and the

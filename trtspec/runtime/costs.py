@@ -160,6 +160,8 @@ def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend:
     from tqdm import tqdm
 
     tokens, cached = grid(capacity)
+    if buckets and buckets.get("tokens"):              # static shapes: measure only steps that fit a bucket
+        tokens = [t for t in tokens if t <= max(buckets["tokens"])] or [1]
     engines = [("target", target)] + ([("draft", draft)] if draft is not None else [])
     tables = {}
     with tqdm(total=len(engines) * len(tokens) * len(cached), desc="step costs", unit="point",
