@@ -4,7 +4,9 @@ The policy on synthetic costs and acceptance: ar (budget 0) when drafts are neve
 tree when acceptance is high and verification is flat (GPU-like); a small one when each verified
 token costs (CPU-like); its choice at least as good as every fixed budget of a grid under the same
 synthetic model (node selection, and chains that pay a draft forward per token); a batch's
-neighbours shrink a request's tree. The cost table interpolates, round-trips through costs.json,
+neighbours shrink a request's tree; looking ahead, it reaches deep trees that pay where no first
+node does (int4-like verify costs); empty probes back off. The cost table interpolates (batched
+forwards from measured B-row tables), round-trips through costs.json,
 is measured by build / at first use, listed by inspect, and not hashed by the manifest. End to end:
 every strategy with budget auto equals ar (greedy), its steps carry the policy's record, and run
 --json shows it. Exactness under sampling with budget auto: test_tree_sampling.py (*-auto cases).
@@ -27,6 +29,10 @@ from trtspec.runtime.strategies import STRATEGIES, make_strategy
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny-random.yaml"
 
 CPU, GPU = CPU_LIKE, GPU_LIKE
+# the int4 target measured here: a 2-token verify costs 2.4x a 1-token one (M > 1 leaves the int4
+# one-token kernel), then flat: no single node pays, a deep tree can
+INT4 = CostModel(CostTable([1, 2, 4, 8, 16, 32], [0], [[0.081, 0.192, 0.216, 0.233, 0.286, 0.428]]),
+                 CostTable([1, 2, 4, 8, 16, 32], [0], [[0.018, 0.020, 0.025, 0.034, 0.053, 0.090]]))
 
 
 def select(pol: AutoBudget, values: list[float]) -> int:
@@ -79,11 +85,12 @@ def chain_rate(costs: CostModel, p: float, k: int) -> float:
         1 / costs.target(1)
 
 
-@pytest.mark.parametrize("costs", [CPU, GPU], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("costs", [CPU, GPU, INT4], ids=["cpu", "gpu", "int4"])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8, 0.95])
 def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
     """chain's loop: the first draft forward is paid, then each token is vetted (worth) and each further
-    forward too (worth_feeding, guessing the next token's value from the running top-1 estimate)."""
+    forward too (worth_feeding), both looking ahead along the chain (the next tokens' values guessed
+    from the running top-1 estimate). On INT4 costs one draft never pays and 8 do (p = 0.95)."""
     pol = AutoBudget(costs, max_nodes=32)
     pol.f.update(np.full(400, 0.95), np.random.default_rng(0).random(400) < p)   # calibrated: f(0.95) ~ p
     for _ in range(20):
@@ -93,17 +100,34 @@ def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
     value, k = 1.0, 0
     while k < 32:
         v = pol.value(value, 0.95)
-        if not pol.worth(v):
+        if not pol.worth(v, ahead=32 - k - 1):
             break
         pol.add(v)
         value, k = v, k + 1
-        if not pol.worth_feeding([], [value], 1):
+        if not pol.worth_feeding([], [value], 1, ahead=32 - k):
             break
         pol.draft_forward(1)
     f = pol.f(0.95)
     best_fixed = max(chain_rate(costs, f, j) for j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
     got = chain_rate(costs, f, k)
     assert got >= best_fixed * 0.98, (k, got, best_fixed)
+    if costs is INT4 and p == 0.95:                     # the case a one-node-ahead policy loses
+        assert k >= 4 and chain_rate(INT4, f, 1) < chain_rate(INT4, f, 0)
+
+
+def test_lookahead_feeds_candidates_that_pay_only_as_a_deep_tree():
+    """staged's first round on INT4 costs: no prefix of leaves beats ar, the same candidates fed for
+    a few rounds do (confident drafts), so take() returns the width to feed; not without rounds left."""
+    pol = AutoBudget(INT4, max_nodes=32)
+    pol.f.update(np.full(400, 0.95), np.ones(400, dtype=bool))
+    for _ in range(20):
+        pol.saw_top1(0.97)
+    pol.begin(0)
+    pol.draft_forward(1)
+    values = [pol.value(1.0, q) for q in (0.97, 0.02, 0.01)]
+    assert pol.take(values) == 0 and pol.take(values, width=1, ahead=0) == 0
+    assert pol.take(values, width=1, ahead=6) == 1
+    assert pol.worth_feeding([], [values[0]], 1, ahead=6) and not pol.worth_feeding([], [values[0]], 1, ahead=1)
 
 
 def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
@@ -123,6 +147,21 @@ def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
     assert drafted[0] and not all(drafted[:3])
     assert sum(drafted[20:]) <= 3                     # probes at most every 16 steps
     assert pol.f(0.9) < 0.4 < Acceptance()(0.9)       # calibrated: confident drafts are rejected here
+
+
+def test_a_probe_whose_tree_stays_empty_backs_off_further():
+    """A probe pays a draft forward to catch up; when it then adds no node it learned nothing, so
+    probes grow rarer than 1 in 16 (64)."""
+    pol = AutoBudget(CPU, max_nodes=32)
+    drafted = []
+    for _ in range(200):
+        d = pol.begin(100)
+        drafted.append(d)
+        if d:
+            pol.draft_forward(3)                       # nothing added: an empty tree
+        pol.observe(1, np.array([0]), np.array([-1]), None, 1, 0.17)
+    gaps = np.diff(np.flatnonzero(drafted))
+    assert gaps.max() > 16 and gaps[-1] == 65 and sum(drafted) <= 10
 
 
 def test_acceptance_prior_and_calibration():
@@ -183,6 +222,23 @@ def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
     assert rec["modelled_gain"] < 1 and not pol.begin(0)
 
 
+def test_batched_forwards_use_the_measured_row_tables():
+    """B rows of T tokens: the B-row tables where measured (linear in B between them, B = 1 the
+    single-row table), else one row of B x T tokens; stored and read back with costs.json."""
+    single = CostTable([1, 8], [0], [[1.0, 2.0]])
+    rows = {2: CostTable([1, 4], [0], [[1.5, 2.5]]), 8: CostTable([1], [0], [[4.0]])}
+    m = CostModel(single, single, rows={"target": rows})
+    assert m.forward("target", [1]) == 1.0 and m.forward("target", []) == 0.0
+    assert m.forward("target", [1, 1]) == 1.5 and m.forward("target", [4, 1]) == pytest.approx(2.5)
+    assert m.forward("target", [1] * 5) == pytest.approx(1.5 + (4.0 - 1.5) * 3 / 6)
+    assert m.forward("draft", [1] * 8) == pytest.approx(single(8))       # no draft rows measured
+    back = CostModel.from_dict(json.loads(json.dumps(m.to_dict())))
+    assert back.forward("target", [1] * 5) == m.forward("target", [1] * 5) and back.rows["target"][8].tokens == [1]
+    pol = AutoBudget(m, max_nodes=8, batch=BatchView({1: (1, 1.0)}, []), request=2)
+    pol.begin(0)
+    assert pol.all_ar_s() == 1.5 and pol.verify_s(3) == pytest.approx(rows[2](4))
+
+
 def test_cost_table_interpolates_and_extrapolates():
     t = CostTable([1, 4, 16], [0, 1000], [[1.0, 2.0, 5.0], [2.0, 3.0, 6.0]])
     assert t(1, 0) == 1.0 and t(2.5, 0) == pytest.approx(1.5) and t(16, 500) == pytest.approx(5.5)
@@ -232,6 +288,8 @@ def test_costs_stored_listed_and_not_hashed(tiny_folder):
     from trtspec.engines.manifest import verify
     costs = load(tiny_folder)
     assert costs is not None and costs.draft is not None and costs.meta["backend"] == "torch"
+    assert sorted(costs.rows["target"]) == sorted(costs.rows["draft"]) == [2, 4, 8]       # batched forwards
+    assert all(b * max(t.tokens) <= 64 and min(min(r) for r in t.seconds) > 0 for b, t in costs.rows["target"].items())
     gen = load_generator(tiny_folder)
     assert fits(costs, gen.costs_key) and gen.costs_key["backend"] == "torch" and gen.costs_key["draft"]
     assert gen.costs is None                      # tiny-random's strategies (chain k 4, ngram) have no auto

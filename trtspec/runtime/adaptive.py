@@ -8,21 +8,25 @@ adds a node only while it raises the step's expected rate
 
 i.e. the known candidates are added as the prefix (best value first) that maximises r, and a node
 seen alone is added while its value v (the probability that it is reached and accepted) exceeds r
-times the marginal verify cost V(n+1) - V(n); one more draft forward is paid only if the nodes it
-would make addable (their values guessed from the draft's recent top-1 confidence) give a higher
-best r after its cost than the candidates already known. A step whose history says no tree pays is
-a plain `ar` step (budget 0, `drafted` false), probing again after 1, 2, 4, ... 16 such steps (16 x
-the batch's rows at most: a probe pads every row of the batch). In a batch the gate compares the
-batch's rate with trees against the batch's rate if every request took an ar step.
+times the marginal verify cost V(n+1) - V(n). Both look ahead: a node (or a set of candidates to
+feed) that does not pay as a leaf is still taken when the tree it would grow pays, its children
+guessed as value x the draft's recent calibrated top-1 acceptance, over as many more draft forwards
+as the strategy allows (`_ahead`; on a CPU a 2-token verify costs ~2x a 1-token one, so a deep
+tree that pays is never reached one unprofitable node at a time). One more draft forward is paid
+only if the best tree reachable with it beats the candidates already known. A step whose history
+says no tree pays is a plain `ar` step (budget 0, `drafted` false), probing again after 1, 2, 4,
+... 16 such steps (64 after a probe whose tree stayed empty; times the batch's rows: a probe pads
+every row of the batch). In a batch the gate compares the batch's rate with trees against the
+batch's rate if every request took an ar step.
 
 P(node accepted) = product over its path of f(q): q is the draft's probability of the node's token
 given its parent, and f is calibrated per request from every verified step (children of accepted
 nodes: accepted or not), starting from DySpec's prior f(q) = q. Requests sharing a batch share the
 target forward: V is taken at the batch's total tokens and r counts the batch's expected tokens
-(`BatchView`, set by the scheduler; a forward over B rows costs what B rows padded to the longest
-cost, for target and draft forwards alike), so every request adds a node only while its value beats
-the same batch-wide threshold: the heap-over-all-requests allocation in threshold form. The tree
-shrinks as the batch grows and grows back when it drains.
+(`BatchView`, set by the scheduler; a forward over B rows padded to the longest costs what the
+cost model measured for B such rows, for target and draft forwards alike), so every request adds a
+node only while its value beats the same batch-wide threshold: the heap-over-all-requests
+allocation in threshold form. The tree shrinks as the batch grows and grows back when it drains.
 
 The policy decides which tree is verified, never how: verification is the same exact rule, so the
 output is lossless whatever tree it chooses from the past (earlier outcomes, the draft's
@@ -43,7 +47,8 @@ from .costs import CostModel
 EDGES = np.array([0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0])
 PRIOR = 4.0            # pseudo-observations per bin for the prior f(q) = q
 EMA = 0.3              # weight of the newest step in the running gain of drafted steps
-MAX_BACKOFF = 16       # at most this many ar steps in a row before a probe step drafts again
+MAX_BACKOFF = 16       # at most this many ar steps in a row before a probe step drafts again ...
+IDLE_BACKOFF = 64      # ... or this many after a probe whose tree was empty (it learned nothing)
 
 
 class Acceptance:
@@ -102,6 +107,7 @@ class AutoBudget:
         self.gain: float | None = None      # running (EMA) realized gain of drafted steps over ar
         self.top1 = 0.5                     # running f(top-1 probability) at fed nodes
         self.ar_run, self.backoff = 0, 1
+        self.idle = False                   # the last drafted step added no node
         self.own = (0, 0.0)                 # what this request sent to the last target phase
         self.rounds: list[int] = []         # this step's draft forwards so far (tokens each)
         self.cached = 0
@@ -114,32 +120,33 @@ class AutoBudget:
         others = [v for r, v in self.batch.target.items() if r != self.request]
         return [t for t, _ in others], sum(e for _, e in others)
 
-    def _padded(self, table, rows: list[int]) -> float:
-        return table(len(rows) * max(rows), self.cached) if rows else 0.0
+    def _padded(self, role: str, rows: list[int]) -> float:
+        return self.costs.forward(role, rows, self.cached)
 
     def _round_others(self, k: int) -> list[int]:
         if k >= len(self.batch.draft):
             return []
         return [t for r, t in self.batch.draft[k].items() if r != self.request]
 
-    def _draft_marginal(self, tokens: int) -> float:
-        """What one more draft forward of this request adds to the batch's draft time: its row joins
-        the neighbours' forward of the same round (padded), or is a forward of its own."""
+    def _draft_marginal(self, tokens: int, ahead: int = 0) -> float:
+        """What one more draft forward of this request (`ahead` forwards after the next) adds to the
+        batch's draft time: its row joins the neighbours' forward of the same round (padded), or is a
+        forward of its own."""
         if self.costs.draft is None:
             return 0.0
-        others = self._round_others(len(self.rounds))
-        return self._padded(self.costs.draft, others + [tokens]) - self._padded(self.costs.draft, others)
+        others = self._round_others(len(self.rounds) + ahead)
+        return self._padded("draft", others + [tokens]) - self._padded("draft", others)
 
     def verify_s(self, nodes: int) -> float:
         """The batch's target forward with this request's tree of `nodes` + 1 tokens in it."""
-        return self._padded(self.costs.target, self._others()[0] + [nodes + 1])
+        return self._padded("target", self._others()[0] + [nodes + 1])
 
     def rate(self, expected: float, nodes: int, draft_s: float) -> float:
         return (self._others()[1] + 1 + expected) / max(draft_s + self.verify_s(nodes), 1e-9)
 
     def all_ar_s(self) -> float:
         """The batch's target forward if every request in it took an ar step."""
-        return self._padded(self.costs.target, [1] * (len(self._others()[0]) + 1))
+        return self._padded("target", [1] * (len(self._others()[0]) + 1))
 
     def all_ar_rate(self) -> float:
         """The batch's rate if every request in it took an ar step: what drafting must beat. (Against
@@ -153,7 +160,7 @@ class AutoBudget:
         self.cached = cached
         self.expected, self.nodes, self.rounds = 0.0, 0, []
         # the batch's draft time without this request: its neighbours' draft forwards (0 when alone)
-        self.base_draft_s = (sum(self._padded(self.costs.draft, self._round_others(k))
+        self.base_draft_s = (sum(self._padded("draft", self._round_others(k))
                                  for k in range(len(self.batch.draft))) if self.costs.draft else 0.0)
         self.draft_s = self.base_draft_s
         self.drafting = self.gain is None or self.gain >= 1.0
@@ -161,8 +168,10 @@ class AutoBudget:
             self.ar_run, self.backoff = 0, 1
         elif self.ar_run >= self.backoff:               # probe: draft once to re-measure acceptance
             self.drafting, self.ar_run = True, 0
-            # a probe pads every row of the batch to its tree: rarer the more rows share the forward
-            self.backoff = min(2 * self.backoff, MAX_BACKOFF * (len(self._others()[0]) + 1))
+            # a probe pads every row of the batch to its tree: rarer the more rows share the forward;
+            # one whose tree stayed empty paid a draft forward (catching up) for nothing: rarer still
+            cap = IDLE_BACKOFF if self.idle else MAX_BACKOFF
+            self.backoff = min(2 * self.backoff, cap * (len(self._others()[0]) + 1))
         else:
             self.ar_run += 1
         return self.drafting
@@ -189,9 +198,12 @@ class AutoBudget:
     def saw_top1(self, q: float) -> None:
         self.top1 = (1 - EMA) * self.top1 + EMA * self.f(q)
 
-    def worth(self, v: float) -> bool:
-        """Does a node of value v raise the step's expected rate?"""
-        return self._worth(v, self.expected, self.nodes, self.draft_s)
+    def worth(self, v: float, ahead: int = 0) -> bool:
+        """Does a node of value v raise the step's expected rate, alone or (`ahead` > 0) with the
+        chain of up to `ahead` more draft forwards it would open (see `_ahead`)?"""
+        if self._worth(v, self.expected, self.nodes, self.draft_s):
+            return True
+        return ahead > 0 and max(self._ahead([v], [v], 1, ahead)) > self.rate(self.expected, self.nodes, self.draft_s)
 
     def _worth(self, v: float, expected: float, nodes: int, draft_s: float) -> bool:
         if nodes >= self.max_nodes:
@@ -199,12 +211,17 @@ class AutoBudget:
         dv = self.verify_s(nodes + 1) - self.verify_s(nodes)
         return v * (draft_s + self.verify_s(nodes)) > (self._others()[1] + 1 + expected) * dv
 
-    def take(self, values: list[float]) -> int:
+    def take(self, values: list[float], width: int = 0, ahead: int = 0) -> int:
         """How many of the known candidates (values, best first) to add now: the prefix that maximises
         the step's rate. Not a marginal stop at the first loss: measured CPU costs have steps (GEMM
         blocking: 4 -> 8 tokens can cost less than 1 -> 2), so a longer prefix may pay where a shorter
-        one does not."""
-        return self._best_prefix(values, self.expected, self.nodes, self.draft_s)[0]
+        one does not. With `ahead` > 0, the best `width` of them are taken (to be fed) when the tree
+        they would grow in up to `ahead` more draft forwards beats every prefix of leaves."""
+        k, r = self._best_prefix(values, self.expected, self.nodes, self.draft_s)
+        front = values[:width] if ahead > 0 else []
+        if len(front) > k and max(self._ahead(values, front, len(front), ahead)) > r:
+            return len(front)
+        return k
 
     def _best_prefix(self, values: list[float], expected: float, nodes: int, draft_s: float) -> tuple[int, float]:
         best, best_rate, e = 0, self.rate(expected, nodes, draft_s), expected
@@ -220,14 +237,29 @@ class AutoBudget:
         self.expected += v
         self.nodes += 1
 
-    def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int) -> bool:
-        """One more draft forward over `tokens` rows: worth it if, after its cost, the best of the
-        known `candidates` plus the guessed best children of the `fed` nodes (value x top1) raise the
-        rate above what the tree has now."""
-        draft_s = self.draft_s + self._draft_marginal(tokens)
-        values = sorted(candidates + [v * self.top1 for v in fed], reverse=True)
-        after = self._best_prefix(values, self.expected, self.nodes, draft_s)[1]
-        return after > self._best_prefix(sorted(candidates, reverse=True), self.expected, self.nodes, self.draft_s)[1]
+    def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
+        """One more draft forward over `tokens` rows (feeding the nodes of values `fed`): worth it if the
+        best tree reachable with it and up to `ahead` - 1 more forwards (`_ahead`) beats the best of
+        the known `candidates` without it."""
+        rates = self._ahead(candidates, fed, tokens, max(ahead, 1))
+        return max(rates[1:]) > rates[0]
+
+    def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int) -> list[float]:
+        """The best rate reachable after 0, 1, ... `forwards` more draft forwards: each forward gives
+        every frontier node a guessed child of value v x top1 (the draft's recent calibrated top-1
+        acceptance), and the tree takes the best prefix of the known candidates and the children so
+        far (a child never outranks its parent, so every prefix is a tree). One step ahead is myopic
+        where verify costs rise steeply from one token (a CPU: a 2-token forward can cost 2x a
+        1-token one), so a deep tree that pays is never reached one unprofitable node at a time."""
+        values = sorted(known, reverse=True)
+        draft_s, rates = self.draft_s, []
+        for k in range(forwards + 1):
+            if k:
+                draft_s += self._draft_marginal(tokens, k - 1)
+                frontier = [v * self.top1 for v in frontier]
+                values = sorted(values + frontier, reverse=True)
+            rates.append(self._best_prefix(values, self.expected, self.nodes, draft_s)[1])
+        return rates
 
     # -- after verification -----------------------------------------------------------------------
     def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray, node_q: np.ndarray | None,
@@ -243,6 +275,7 @@ class AutoBudget:
         predicted = self.rate(self.expected, self.nodes, self.draft_s) / ar
         realized = self.rate(emitted - 1, tree_size - 1, self.draft_s) / ar
         if self.drafting:
+            self.idle = self.nodes == 0
             self.gain = realized if self.gain is None else (1 - EMA) * self.gain + EMA * realized
         ar_s = self.all_ar_s()
         measured = emitted * ar_s / seconds if seconds > 0 else None

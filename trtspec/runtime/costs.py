@@ -5,8 +5,13 @@ on the machine that runs, with the engines and threads that run:
 
     costs = measure(target_engine, draft_engine)          # ~20 s for the Qwen 1.5B/0.5B pair here
     costs.target(16, 300)   # seconds, interpolated: piecewise linear in N and in C, extrapolated
-                            # linearly past the grid (a batch is costed at N = the sum of its rows'
-                            # tokens: the measured points are single-row; padding is not modelled)
+                            # linearly past the grid
+    costs.forward("target", [5, 1, 1], 300)   # one batched forward: 3 rows padded to 5 tokens each,
+                            # from tables measured at B = 2, 4, 8 rows (linear in B between them)
+
+A batched forward is not a single-row forward over B x T tokens: each row attends over its own
+cache and is staged on its own (8 rows of one token measured ~1.6x one row of 8 tokens for the
+Qwen 1.5B here), so the rows are measured, not assumed.
 
 An engine folder keeps them in `costs.json`: measured by `trtspec build`, or when a generator that
 runs budget: auto loads and the file is missing or was measured for another run (machine, threads,
@@ -26,12 +31,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from ..engines.manifest import COSTS_FILE
 from .runner import ModelRunner, drive
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64)
 CACHED = (64, 512)
+ROWS = (2, 4, 8)             # batched forwards measured at these rows (B = 1 is the single-row table)
+ROW_TOKENS = 16              # ... over T <= this many tokens per row (and B x T <= MAX_BATCH_TOKENS)
 FORMAT = "trtspec-costs-1"
 
 
@@ -64,16 +72,35 @@ class CostModel:
     target: CostTable
     draft: CostTable | None = None
     meta: dict = field(default_factory=dict)     # threads, backend, machine, when, how
+    # batched forwards: role -> {B: table over T tokens per row}; none measured = a batch costs what
+    # one row over all its B x T tokens costs
+    rows: dict[str, dict[int, CostTable]] = field(default_factory=dict)
+
+    def forward(self, role: str, tokens: list[int], cached: float = 0.0) -> float:
+        """One forward over rows of `tokens` new tokens each, padded to the longest (the Batcher's
+        shape): linear in B between the measured row counts, and past the last one."""
+        if not tokens:
+            return 0.0
+        single = self.target if role == "target" else self.draft
+        b, t = len(tokens), max(tokens)
+        measured = self.rows.get(role)
+        if b == 1 or not measured:
+            return single(b * t, cached)
+        bs = [1] + sorted(measured)
+        ys = [single(t, cached)] + [measured[k](t, cached) for k in bs[1:]]
+        return max(_interp(b, bs, ys), 0.0)
 
     def to_dict(self) -> dict:
         return {"format": FORMAT, "meta": self.meta, "target": self.target.to_dict(),
-                "draft": self.draft.to_dict() if self.draft else None}
+                "draft": self.draft.to_dict() if self.draft else None,
+                "rows": {role: {str(b): t.to_dict() for b, t in tables.items()} for role, tables in self.rows.items()}}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
         if d.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} file")
-        return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}))
+        rows = {role: {int(b): CostTable(**t) for b, t in tables.items()} for role, tables in (d.get("rows") or {}).items()}
+        return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}), rows)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")
@@ -91,6 +118,10 @@ class CostModel:
             for c, row in zip(t.cached, t.seconds):
                 cells = "  ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(t.tokens, row))
                 out.append(f"  {role:6s} C={c:<5d} N:ms  {cells}")
+            for b, rt in sorted(self.rows.get(role, {}).items()):
+                for c, row in zip(rt.cached, rt.seconds):
+                    cells = "  ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(rt.tokens, row))
+                    out.append(f"  {role:6s} C={c:<5d} B={b} rows, T per row:ms  {cells}")
         return out
 
 
@@ -148,10 +179,56 @@ def measure_table(runner, tokens: list[int], cached: list[int], repeats: int = 3
     return CostTable(list(tokens), list(cached), rows)
 
 
+def measure_rows(engine, tokens: list[int], cached: list[int], rows: tuple[int, ...] = ROWS, repeats: int = 3,
+                 buckets: dict | None = None, bar=None) -> dict[int, CostTable]:
+    """Batched forwards as the scheduler runs them (one Batcher, one pool, B rows of T tokens, logits
+    for every token): min over `repeats` per point. The caches' contents are never read for
+    timing, so their rows are left as allocated (lengths set, no prefill)."""
+    from .batch import MAX_BATCH_TOKENS, Batcher, Call
+    capacity = max(cached) + max(tokens) + 2
+    batcher = Batcher(engine, buckets, max_batch=max(rows), capacity=capacity)
+    caches = engine.new_pool(max(rows), capacity + batcher.headroom).caches
+    vocab = engine.spec.vocab_size
+    seconds: dict[int, list[list[float]]] = {b: [] for b in rows}
+    for c in cached:
+        for cache in caches:
+            cache.reset()
+            cache.length = c
+        for b in rows:
+            line = []
+            for t in tokens:
+                if b * t > MAX_BATCH_TOKENS:        # the Batcher runs such calls alone
+                    line.append(float("nan"))
+                    continue
+                ids = torch.tensor([(1000 + i) % vocab for i in range(t)], dtype=torch.int64)
+                pos = torch.arange(c, c + t, dtype=torch.int64)
+                mask = torch.ones(t, t, dtype=torch.bool).tril_()
+                calls = [Call(batcher, caches[i], ids, pos, mask, None) for i in range(b)]
+                times = []
+                for _ in range(repeats + 1):         # the first: warm-up
+                    t0 = time.perf_counter()
+                    batcher.run(calls)
+                    times.append(time.perf_counter() - t0)
+                    for cache in caches[:b]:
+                        cache.rollback()
+                line.append(max(min(times[1:]), 1e-6))
+            seconds[b].append(line)
+            if bar is not None:
+                bar.update(1)
+    out = {}
+    for b in rows:
+        keep = [j for j, t in enumerate(tokens) if b * t <= MAX_BATCH_TOKENS]
+        if keep:
+            out[b] = CostTable([tokens[j] for j in keep], list(cached), [[line[j] for j in keep] for line in seconds[b]])
+    return out
+
+
 def run_key(threads: int = 0, backend: str = "", has_draft: bool = True, **runtime) -> dict:
-    """What a table describes: this machine, threads, backend, whether a draft exists, and the runtime
-    choices that change step times (device, cuda_graphs, draft_quantize, buckets)."""
-    return {"machine": machine(), "threads": threads, "backend": backend, "draft": has_draft, **runtime}
+    """What a table describes: this machine, threads, backend, whether a draft exists, the batch rows
+    measured, and the runtime choices that change step times (device, cuda_graphs, draft_quantize,
+    buckets)."""
+    return {"machine": machine(), "threads": threads, "backend": backend, "draft": has_draft, "rows": list(ROWS),
+            **runtime}
 
 
 def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend: str = "", repeats: int = 3,
@@ -162,17 +239,19 @@ def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend:
     tokens, cached = grid(capacity)
     if buckets and buckets.get("tokens"):              # static shapes: measure only steps that fit a bucket
         tokens = [t for t in tokens if t <= max(buckets["tokens"])] or [1]
+    row_tokens = [t for t in tokens if t <= ROW_TOKENS]
     engines = [("target", target)] + ([("draft", draft)] if draft is not None else [])
-    tables = {}
-    with tqdm(total=len(engines) * len(tokens) * len(cached), desc="step costs", unit="point",
+    tables, rows = {}, {}
+    with tqdm(total=len(engines) * len(cached) * (len(tokens) + len(ROWS)), desc="step costs", unit="point",
               disable=not progress, leave=False) as bar:
         for role, engine in engines:
             runner = ModelRunner.alone(engine, capacity=max(cached) + max(tokens) + 2, buckets=buckets)
             tables[role] = measure_table(runner, tokens, cached, repeats, bar)
+            rows[role] = measure_rows(engine, row_tokens, cached, ROWS, repeats, buckets, bar)
     meta = {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": threads,
             "backend": backend, "machine": machine(), "repeats": repeats, "statistic": "min",
             "key": key or run_key(threads, backend, draft is not None)}
-    return CostModel(tables["target"], tables.get("draft"), meta)
+    return CostModel(tables["target"], tables.get("draft"), meta, rows)
 
 
 def load(folder: Path) -> CostModel | None:

@@ -77,7 +77,7 @@ class Cascade(Strategy):
                 q = float(tree.probs[last][tok])
                 pol.saw_top1(q)
                 v = pol.value(value[last], q)
-                if not pol.worth(v):
+                if not pol.worth(v, ahead=self.kd - len(chain) - 1):
                     break
                 pol.add(v)
             node = tree.add(last, tok)
@@ -87,7 +87,7 @@ class Cascade(Strategy):
                 break                                # a leaf: no need to feed it
             proposal = self.mag.propose(tree.context(node), self.mag_len)
             if pol is not None:
-                if not pol.worth_feeding([], [value[node]], 1 + len(proposal)):
+                if not pol.worth_feeding([], [value[node]], 1 + len(proposal), ahead=self.kd - len(chain)):
                     break
                 pol.draft_forward(1 + len(proposal))
             fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)

@@ -63,7 +63,7 @@ class ChainSpeculative(Strategy):
                 pol.saw_top1(float(q.max()))
                 # sampled: decided before the draw (adaptive.draw_value); greedy: the argmax's own value
                 v = pol.value(value, float(q[tok])) if st.sampling.greedy else pol.draw_value(value, q, q)
-                if not pol.worth(v):
+                if not pol.worth(v, ahead=self.nodes - i - 1):
                     break
                 pol.add(v)
                 value = v
@@ -73,7 +73,7 @@ class ChainSpeculative(Strategy):
             if pol is not None:
                 probs.append(float(q[tok]))
             drafts.append(tok)
-            if i == self.nodes - 1 or (pol is not None and not pol.worth_feeding([], [value], 1)):
+            if i == self.nodes - 1 or (pol is not None and not pol.worth_feeding([], [value], 1, ahead=self.nodes - i - 1)):
                 break
             logits = yield from runner.extend([tok])
             fed += 1

@@ -63,14 +63,15 @@ class DySpec(Strategy):
         """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
         policy (budget auto) finds the child not worth verifying. `value`: calibrated node values."""
         pol, v = st.policy, 0.0
+        ahead = self.max_depth - int(tree.depth[parent]) - 1     # draft forwards still possible below it
         if pol is not None and not st.sampling.greedy:      # decided before the draw (adaptive.draw_value)
             v = pol.draw_value(value[parent], residual, tree.probs[parent])
-            if not pol.worth(v):
+            if not pol.worth(v, ahead):
                 return None
         y = self._draw(st, residual)
         if pol is not None and st.sampling.greedy:          # the draw is the argmax: its own value
             v = pol.value(value[parent], float(tree.probs[parent][y]))
-            if not pol.worth(v):
+            if not pol.worth(v, ahead):
                 return None
         if pol is not None:
             pol.add(v)
@@ -107,7 +108,8 @@ class DySpec(Strategy):
             unfed = [parent for _, _, parent, res in slots if res is None]
             if unfed and pol is not None:
                 fed_slots = [value[parent] * pol.top1 for _, _, parent, res in slots if res is not None]
-                if pol.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed)):
+                if pol.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed),
+                                    ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed)):
                     pol.draft_forward(len(unfed))
                 else:                                   # budget auto: their children are not worth a forward
                     slots, unfed = [sl for sl in slots if sl[3] is not None], []
@@ -139,7 +141,7 @@ class DySpec(Strategy):
         for depth in range(self.max_depth):
             if depth > 0:
                 if pol is not None:
-                    if not pol.worth_feeding([], [value[n] for n, _ in leaves], len(leaves)):
+                    if not pol.worth_feeding([], [value[n] for n, _ in leaves], len(leaves), ahead=self.max_depth - depth):
                         return
                     pol.draft_forward(len(leaves))
                 yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer

@@ -110,7 +110,9 @@ class GSD(Strategy):
         for depth in range(self.max_depth):
             if depth > 0:
                 if pol is not None:
-                    if not pol.worth_feeding([], [path_p[n] for n in frontier], len(frontier)):
+                    # its nodes join the tree at the end (_unroll): all of them are known candidates
+                    if not pol.worth_feeding([v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
+                                             len(frontier), ahead=self.max_depth - depth):
                         break
                     pol.draft_forward(len(frontier))
                 yield from tree.feed(frontier)
@@ -145,21 +147,30 @@ class GSD(Strategy):
     def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], pol=None) -> list[int]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
         as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes.
-        With the policy (budget auto), a node that does not pay is left out with its subtree."""
+        With the policy (budget auto), the tree is the best-value prefix that pays (`take`): a
+        child's value never exceeds its parent's, so the prefix keeps every kept node's parent."""
         dag = {g: tree.children(g).tolist() for g in range(tree.size)}   # before copies are added
-        keep = [0]
-        queue = deque([(0, 0, 1.0)])             # (DAG node, tree node it is unrolled as, its value)
-        while queue and len(keep) <= self.nodes:
-            g, t, v = queue.popleft()
+        plan = [(-1, 0, 1.0)]                    # (parent entry, DAG node, value) in BFS order
+        queue = deque([0])
+        while queue and len(plan) <= self.nodes:
+            i = queue.popleft()
+            g, v = plan[i][1], plan[i][2]
             for c in dag[g] + merged.get(g, []):
-                if len(keep) > self.nodes:
+                if len(plan) > self.nodes:
                     break
                 cv = pol.value(v, float(tree.probs[g][int(tree.tokens[c])])) if pol is not None else 0.0
-                if pol is not None:
-                    if not pol.worth(cv):
-                        continue
-                    pol.add(cv)
-                node = c if t == g and c in dag[g] else tree.add(t, int(tree.tokens[c]), borrowed=True)
-                keep.append(node)
-                queue.append((c, node, cv))
+                plan.append((i, c, cv))
+                queue.append(len(plan) - 1)
+        chosen = list(range(1, len(plan)))
+        if pol is not None:                      # stable: a parent (earlier in BFS) before an equal child
+            chosen = sorted(chosen, key=lambda j: -plan[j][2])
+            chosen = sorted(chosen[: pol.take([plan[j][2] for j in chosen])])
+        node_of, keep = {0: 0}, [0]
+        for j in chosen:
+            i, c, cv = plan[j]
+            g, t = plan[i][1], node_of[i]
+            node_of[j] = c if t == g and c in dag[g] else tree.add(t, int(tree.tokens[c]), borrowed=True)
+            keep.append(node_of[j])
+            if pol is not None:
+                pol.add(cv)
         return keep

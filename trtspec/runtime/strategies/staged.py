@@ -81,7 +81,8 @@ class Staged(Strategy):
         added = 0
         for rnd in range(self.max_rounds):
             picks = []
-            room = self.width if pol is None else min(self.width, pol.take(sorted(-c[0] for c in heap)[::-1]))
+            room = self.width if pol is None else \
+                min(self.width, pol.take(sorted(-c[0] for c in heap)[::-1], self.width, self.max_rounds - rnd - 1))
             while heap and len(picks) < room and added + len(picks) < self.nodes:
                 neg, parent, tok = heapq.heappop(heap)
                 if tok in tree.tokens[tree.children(parent)] or (parent, tok) in {(p, t) for p, t, _ in picks}:
@@ -108,7 +109,7 @@ class Staged(Strategy):
             fed_rows = len(new) + sum(len(c) for c in chains.values())
             if pol is not None:
                 if not pol.worth_feeding([-c[0] for c in heapq.nsmallest(self.width, heap)],
-                                         [value[n] for n in new], fed_rows):
+                                         [value[n] for n in new], fed_rows, self.max_rounds - rnd - 1):
                     break
                 pol.draft_forward(fed_rows)
             for node in (yield from tree.feed(new, chains)):
