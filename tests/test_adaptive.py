@@ -4,7 +4,8 @@ The policy on synthetic costs and acceptance: ar (budget 0) when drafts are neve
 tree when acceptance is high and verification is flat (GPU-like); a small one when each verified
 token costs (CPU-like); its choice at least as good as every fixed budget of a grid under the same
 synthetic model (node selection, and chains that pay a draft forward per token); a batch's
-neighbours shrink a request's tree; looking ahead, it reaches deep trees that pay where no first
+neighbours shrink a request's tree, and a full batch of one-token rows drafts nothing (nor prefills
+its drafts) until it drains; looking ahead, it reaches deep trees that pay where no first
 node does (int4-like verify costs); empty probes back off. The cost table interpolates (batched
 forwards from measured B-row tables), round-trips through costs.json,
 is measured by build / at first use, listed by inspect, and not hashed by the manifest. End to end:
@@ -33,6 +34,17 @@ CPU, GPU = CPU_LIKE, GPU_LIKE
 # one-token kernel), then flat: no single node pays, a deep tree can
 INT4 = CostModel(CostTable([1, 2, 4, 8, 16, 32], [0], [[0.081, 0.192, 0.216, 0.233, 0.286, 0.428]]),
                  CostTable([1, 2, 4, 8, 16, 32], [0], [[0.018, 0.020, 0.025, 0.034, 0.053, 0.090]]))
+
+# measured here with 512 cached tokens (docs/benchmarks.md, issue 13 follow-up), seconds: B rows of T
+T5, T4 = [1, 2, 4, 8, 16], [1, 2, 4, 8]
+ROWS = CostModel(CostTable(T5, [0], [[.2056, .2265, .2489, .2979, .4031]]),
+                 CostTable(T5, [0], [[.0284, .0312, .0424, .0677, .1171]]),
+                 rows={"target": {2: CostTable(T5, [0], [[.2451, .2635, .3493, .4408, .7651]]),
+                                  4: CostTable(T5, [0], [[.3275, .3874, .5250, .8552, 1.3869]]),
+                                  8: CostTable(T4, [0], [[.5030, .5907, .8547, 1.4237]])},
+                       "draft": {8: CostTable(T4, [0], [[.1371, .1898, .2875, .4832]])}})
+# verification so steep that no tree pays, however good the draft
+NEVER = CostModel(CostTable([1, 2, 64], [0], [[0.01, 0.05, 1.0]]), CostTable([1, 64], [0], [[0.01, 0.01]]))
 
 
 def select(pol: AutoBudget, values: list[float]) -> int:
@@ -164,6 +176,22 @@ def test_a_probe_whose_tree_stays_empty_backs_off_further():
     assert gaps.max() > 16 and gaps[-1] == 65 and sum(drafted) <= 10
 
 
+def test_a_full_batch_drafts_nothing_until_it_drains():
+    """8 one-token rows on the measured CPU costs: one request's tree pads every row, so no tree could
+    pay even with a near-perfect draft: every step is ar, with no probes. Alone, or once the batch
+    drains to 2 rows, the same request drafts at once (costs gate it, not its history)."""
+    view = BatchView()
+    view.observe({r: (1, 1.0) for r in range(1, 8)}, [])
+    pol = AutoBudget(ROWS, max_nodes=32, batch=view, request=8)
+    for _ in range(20):
+        pol.saw_top1(0.99)
+    assert not any(pol.begin(512) for _ in range(300))
+    assert AutoBudget(ROWS, max_nodes=32).begin(512)
+    view.observe({1: (1, 1.0)}, [])
+    assert pol.begin(512)
+    assert not AutoBudget(NEVER, max_nodes=32).begin(0)
+
+
 def test_acceptance_prior_and_calibration():
     f = Acceptance()
     assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated
@@ -210,15 +238,15 @@ def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
     """Each neighbour drafting makes one more tree look cheap (the batch waits anyway), so the gate
     compares the batch with trees against the batch with no drafting at all."""
     view = BatchView()
-    view.observe({r: (6, 2.0) for r in range(1, 8)}, [{r: 2 for r in range(1, 8)}, {r: 5 for r in range(1, 8)}])
+    view.observe({r: (4, 2.0) for r in range(1, 4)}, [{r: 2 for r in range(1, 4)}, {r: 5 for r in range(1, 4)}])
     pol = AutoBudget(CPU, max_nodes=64, batch=view, request=8)
-    assert pol.begin(0)                                   # no history yet: draft
+    assert pol.begin(0)                                   # no history yet, and a good tree could pay: draft
     pol.draft_forward(2)
     for _ in range(5):
         pol.add(pol.value(1.0, 0.6))
     rec = pol.observe(6, np.array([0, 1]), np.array([-1, 0, 1, 2, 3, 4]), np.full(6, 0.6), 2, 1.0)
-    # with the neighbours' 2 tokens each, the batch makes 7 * 2 + 2 = 16 tokens per iteration of
-    # 2 draft forwards + a target forward over 8 x 6 rows: fewer per second than 8 ar rows
+    # with the neighbours' 2 tokens each, the batch makes 3 * 2 + 2 = 8 tokens per iteration of
+    # 2 draft forwards + a target forward over 4 rows of 4-6 tokens: fewer per second than 4 ar rows
     assert rec["modelled_gain"] < 1 and not pol.begin(0)
 
 
@@ -268,6 +296,24 @@ def test_auto_equals_ar_and_records_the_policy(small_pair, strategy):
     assert all({"budget", "predicted_gain", "measured_gain", "expected_accepted"} <= r.keys() for r in recs)
     assert max(r["budget"] for r in recs) >= 2
     assert all(s.tree_size == r["budget"] + 1 for s, r in zip(res.steps, recs))     # the policy counts every node
+    gen.close()
+
+
+@pytest.mark.parametrize("strategy", ["chain", "staged"])
+def test_the_draft_is_prefilled_lazily(small_pair, strategy):
+    """budget auto prefills a request's draft at its first drafted step: never, where no tree pays;
+    catching up a 300-token prompt (chunks of at most 256) where trees do; ar's tokens either way."""
+    prompt = [1, 3, 5, 7] * 75
+    never = small_pair.generator(capacity=512, costs=NEVER)
+    ref = never.generate(prompt, strategy="ar", max_new_tokens=20).token_ids
+    res = never.generate(prompt, strategy=strategy, max_new_tokens=20)
+    assert res.token_ids == ref and never.batchers["draft"].forwards == 0
+    assert res.stats["draft_forwards"] == 0 and all(s.tree_size == 1 for s in res.steps)
+    never.close()
+    gen = small_pair.generator(capacity=512, costs=GPU)
+    res = gen.generate(prompt, strategy=strategy, max_new_tokens=20)
+    assert res.token_ids == ref and res.steps[0].tree_size > 1
+    assert gen.batchers["draft"].forwards >= 2 + sum(s.tree_size > 1 for s in res.steps)   # 2 prefill chunks first
     gen.close()
 
 

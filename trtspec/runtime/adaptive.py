@@ -17,7 +17,10 @@ only if the best tree reachable with it beats the candidates already known. A st
 says no tree pays is a plain `ar` step (budget 0, `drafted` false), probing again after 1, 2, 4,
 ... 16 such steps (64 after a probe whose tree stayed empty; times the batch's rows: a probe pads
 every row of the batch). In a batch the gate compares the batch's rate with trees against the
-batch's rate if every request took an ar step.
+batch's rate if every request took an ar step. Before any of that, a step drafts only if some tree
+could pay at the batch's costs with an optimistic draft (`could_pay`): in a batch of many one-token
+rows none can (one request's tree pads them all), so a full batch runs ar with no probes and its
+requests' drafts are never prefilled (request.py prefills a draft lazily, at its first drafted step).
 
 P(node accepted) = product over its path of f(q): q is the draft's probability of the node's token
 given its parent, and f is calibrated per request from every verified step (children of accepted
@@ -49,6 +52,8 @@ PRIOR = 4.0            # pseudo-observations per bin for the prior f(q) = q
 EMA = 0.3              # weight of the newest step in the running gain of drafted steps
 MAX_BACKOFF = 16       # at most this many ar steps in a row before a probe step drafts again ...
 IDLE_BACKOFF = 64      # ... or this many after a probe whose tree was empty (it learned nothing)
+HOPE_TOP1 = 0.9        # a step drafts only if a chain this good (each node accepted w.p. 0.9 given its
+HOPE_FORWARDS = 8      # parent, or the request's own top-1 rate if higher, up to 8 draft forwards) could pay
 
 
 class Acceptance:
@@ -163,6 +168,10 @@ class AutoBudget:
         self.base_draft_s = (sum(self._padded("draft", self._round_others(k))
                                  for k in range(len(self.batch.draft))) if self.costs.draft else 0.0)
         self.draft_s = self.base_draft_s
+        if not self.could_pay():                        # not in this batch, whatever the draft: ar,
+            self.drafting = False                       # and a probe waits for the batch to drain
+            self.ar_run += 1
+            return False
         self.drafting = self.gain is None or self.gain >= 1.0
         if self.drafting:
             self.ar_run, self.backoff = 0, 1
@@ -175,6 +184,18 @@ class AutoBudget:
         else:
             self.ar_run += 1
         return self.drafting
+
+    def could_pay(self) -> bool:
+        """Could any tree pay in this step at this batch's costs? An optimistic draft's chain (every
+        node accepted w.p. HOPE_TOP1 given its parent, or the request's recent top-1 rate if higher)
+        over up to HOPE_FORWARDS draft forwards must beat both the batch with everyone at ar and
+        this request's own ar step. Alone on a CPU it always can (a measured one-token step of
+        200 ms, a 2-token one of 226 ms); in a batch of many one-token rows it cannot (8 rows: one
+        request's tree pads every row, 503 -> 590 ms for 2 tokens), so such a batch runs ar and
+        probes nothing, and a lazily prefilled draft (request.py) is not even prefilled. Costs
+        only: no acceptance history gates it, so a drained batch drafts again at once."""
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1))
+        return max(rates[1:]) > max(rates[0], self.all_ar_rate())
 
     def opened(self, pending: int) -> None:
         """The draft forward that opens a tree over the `pending` tokens the draft has not seen. After
@@ -244,19 +265,22 @@ class AutoBudget:
         rates = self._ahead(candidates, fed, tokens, max(ahead, 1))
         return max(rates[1:]) > rates[0]
 
-    def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int) -> list[float]:
+    def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int,
+               top1: float | None = None) -> list[float]:
         """The best rate reachable after 0, 1, ... `forwards` more draft forwards: each forward gives
         every frontier node a guessed child of value v x top1 (the draft's recent calibrated top-1
         acceptance), and the tree takes the best prefix of the known candidates and the children so
         far (a child never outranks its parent, so every prefix is a tree). One step ahead is myopic
         where verify costs rise steeply from one token (a CPU: a 2-token forward can cost 2x a
-        1-token one), so a deep tree that pays is never reached one unprofitable node at a time."""
+        1-token one), so a deep tree that pays is never reached one unprofitable node at a time.
+        `top1` replaces the running estimate (could_pay's optimistic draft)."""
+        top1 = self.top1 if top1 is None else top1
         values = sorted(known, reverse=True)
         draft_s, rates = self.draft_s, []
         for k in range(forwards + 1):
             if k:
                 draft_s += self._draft_marginal(tokens, k - 1)
-                frontier = [v * self.top1 for v in frontier]
+                frontier = [v * top1 for v in frontier]
                 values = sorted(values + frontier, reverse=True)
             rates.append(self._best_prefix(values, self.expected, self.nodes, draft_s)[1])
         return rates

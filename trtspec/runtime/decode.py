@@ -18,6 +18,8 @@ from .sampling import SamplingParams, probs_from_logits
 from .tree import TokenTree
 from .verify import verify_greedy, verify_sampling
 
+CATCH_UP = 16      # a draft further behind than this catches up in prefill chunks (draft_catch_up)
+
 
 @dataclass
 class StepStats:
@@ -59,6 +61,15 @@ class DecodeState:
     def will_draft(self) -> bool:
         """Whether this step drafts: always with a fixed budget; with budget auto, the policy's call."""
         return self.policy is None or self.policy.begin(self.target.cache.length)
+
+    def draft_catch_up(self) -> Calls:
+        """Before a tree opens: a draft cache more than CATCH_UP tokens behind the sequence (prefilled
+        lazily under budget auto, so empty at a request's first drafted step; or left behind by a long
+        run of ar steps) commits the gap but the root in prefill chunks; the tree's first draft
+        forward feeds the rest with the root."""
+        cache = self.draft.cache
+        if self.length - 1 - cache.length > CATCH_UP:
+            yield from self.draft.prefill(self.seq[cache.length:self.length - 1].tolist())
 
     def ar_step(self) -> Calls:
         """A plain ar step (the policy's budget 0): the root alone. A draft cache left behind catches

@@ -57,6 +57,7 @@ class DraftTree:
     def open(cls, st: DecodeState, capacity: int = 512) -> Calls:
         """A tree rooted at the last emitted token, whose distribution the draft computes by feeding
         the pending tokens (a coroutine: `tree = yield from DraftTree.open(st, n)`)."""
+        yield from st.draft_catch_up()
         tree = cls(st, capacity)
         logits = yield from tree.runner.extend(tree.pending)      # feeds the root
         tree.row[0] = len(tree.pending) - 1

@@ -174,9 +174,12 @@ class Request:
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()
-        # Invariant: each cache holds seq[:-1]; the last token is the root of the next tree.
+        # Invariant: the target cache holds seq[:-1]; the last token is the root of the next tree. The
+        # draft cache may lag (catching up when a tree opens): under budget auto it is prefilled only
+        # at the request's first drafted step, so a request that never drafts (a full batch) never
+        # pays for it.
         yield from st.target.prefill(list(self.prompt[:-1]))
-        if st.draft is not None:
+        if st.draft is not None and policy is None:
             yield from st.draft.prefill(list(self.prompt[:-1]))
         self.prefill_s = time.perf_counter() - self.t0
         finish = "length"

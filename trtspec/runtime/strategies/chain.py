@@ -46,6 +46,7 @@ class ChainSpeculative(Strategy):
         The draft cache may lag the sequence by a token or two (the bonus token, or the last draft
         whose KV was never computed), so the first call feeds every pending token with the root."""
         runner, pol = st.draft, st.policy
+        yield from st.draft_catch_up()
         pending = st.tokens()[runner.cache.length:].tolist()
         logits = yield from runner.extend(pending)
         if pol is not None:
