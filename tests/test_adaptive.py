@@ -317,6 +317,22 @@ def test_the_draft_is_prefilled_lazily(small_pair, strategy):
     gen.close()
 
 
+def test_requests_admitted_together_plan_their_first_step_as_a_batch(small_pair):
+    """Four requests submitted at once on the measured CPU costs: each plans its first step with the
+    other three in view (their prefills ran with it), so none drafts and no draft is prefilled;
+    one alone drafts from its first step."""
+    prompts = [[1, 3, 5, 7] * 10, [2, 4, 6] * 12, [5, 1] * 20, [7, 7, 3] * 11]
+    gen = small_pair.generator(capacity=192, costs=ROWS, slots=4)
+    refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
+    handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
+    results = [h.result() for h in handles]
+    assert [r.token_ids for r in results] == refs and gen.batchers["draft"].forwards == 0
+    assert all(s.tree_size == 1 and not s.extra["drafted"] for r in results for s in r.steps)
+    alone = gen.generate(prompts[0], strategy="staged", max_new_tokens=12)
+    assert alone.token_ids == refs[0] and alone.steps[0].extra["drafted"] and gen.batchers["draft"].forwards > 0
+    gen.close()
+
+
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("eng") / "tiny"

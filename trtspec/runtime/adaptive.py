@@ -87,13 +87,21 @@ class Acceptance:
 class BatchView:
     """The scheduler's last iteration, by request id: each request's new tokens in the target
     forward (with its expected emitted tokens) and in each draft forward; a request that ends is
-    forgotten. A policy reads its neighbours' entries. A forward over B rows is costed as the
-    Batcher runs it: B rows padded to the longest."""
+    forgotten; a request whose prefill is running is a one-token row (`join`). A policy reads its
+    neighbours' entries. A forward over B rows is costed as the Batcher runs it: B rows padded to
+    the longest."""
     target: dict[int, tuple[int, float]] = field(default_factory=dict)
     draft: list[dict[int, int]] = field(default_factory=list)     # per draft forward: tokens by request
 
-    def observe(self, target: dict[int, tuple[int, float]], draft: list[dict[int, int]]) -> None:
+    def observe(self, target: dict[int, tuple[int, float]], draft: list[dict[int, int]],
+                coming: list[int] = ()) -> None:
         self.target, self.draft = target, draft
+        self.join(coming)
+
+    def join(self, requests: list[int]) -> None:
+        """Requests about to take their first step (their prefill is running): one-token rows."""
+        for r in requests:
+            self.target.setdefault(r, (1, 1.0))
 
     def forget(self, request: int) -> None:
         self.target.pop(request, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left
 import platform
 import sys
 import time
@@ -30,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..engines.manifest import COSTS_FILE
@@ -62,7 +62,7 @@ def _interp(x: float, xs: list[int], ys: list[float]) -> float:
     """Piecewise linear through (xs, ys), continued linearly past both ends (one point: constant)."""
     if len(xs) == 1:
         return ys[0]
-    i = int(np.clip(np.searchsorted(xs, x) - 1, 0, len(xs) - 2))
+    i = min(max(bisect_left(xs, x) - 1, 0), len(xs) - 2)
     x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
@@ -75,14 +75,23 @@ class CostModel:
     # batched forwards: role -> {B: table over T tokens per row}; none measured = a batch costs what
     # one row over all its B x T tokens costs
     rows: dict[str, dict[int, CostTable]] = field(default_factory=dict)
+    # forward() by (role, B, T, C): the policy asks for the same few shapes dozens of times a step
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def forward(self, role: str, tokens: list[int], cached: float = 0.0) -> float:
         """One forward over rows of `tokens` new tokens each, padded to the longest (the Batcher's
         shape): linear in B between the measured row counts, and past the last one."""
         if not tokens:
             return 0.0
+        key = (role, len(tokens), max(tokens), cached)
+        if (hit := self._memo.get(key)) is None:
+            if len(self._memo) > 4096:
+                self._memo.clear()
+            hit = self._memo[key] = self._forward(role, key[1], key[2], cached)
+        return hit
+
+    def _forward(self, role: str, b: int, t: int, cached: float) -> float:
         single = self.target if role == "target" else self.draft
-        b, t = len(tokens), max(tokens)
         measured = self.rows.get(role)
         if b == 1 or not measured:
             return single(b * t, cached)

@@ -137,10 +137,18 @@ class Scheduler:
                 self._reap()
         calls = [r for r in self.active if r.call is not None and r.call.batcher is self.target]
         if calls:
-            steps = [(r, len(r.call.tokens)) for r in calls if r.call.phase == "step"]   # not prefill chunks
+            steps = [(r, len(r.call.tokens)) for r in calls if r.call.phase == "step"]
+            # a request still prefilling plans its first step as its prefill returns (in _run): it and
+            # its neighbours see it as a one-token row from now on, else 8 requests admitted together
+            # would each plan their first step in an empty batch
+            coming = [r.id for r in calls if r.call.phase != "step"]
+            self.batch.join(coming)
             self._run(self.target, calls)
-            self.batch.observe({r.id: (t, r.state.policy.own[1] if r.state.policy else 1.0) for r, t in steps},
-                               [r for r in rounds if r])
+            live = {r.id for r in self.active}          # a request that ended in this phase is gone
+            rounds = [{i: t for i, t in rnd.items() if i in live} for rnd in rounds]
+            self.batch.observe({r.id: (t, r.state.policy.own[1] if r.state.policy else 1.0)
+                                for r, t in steps if r.id in live},
+                               [rnd for rnd in rounds if rnd], [i for i in coming if i in live])
         self._reap()
         with self._cv:
             if self.waiting and self.free:
