@@ -324,7 +324,8 @@ def test_requests_admitted_together_plan_their_first_step_as_a_batch(small_pair)
     prompts = [[1, 3, 5, 7] * 10, [2, 4, 6] * 12, [5, 1] * 20, [7, 7, 3] * 11]
     gen = small_pair.generator(capacity=192, costs=ROWS, slots=4)
     refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
-    handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
+    with gen.scheduler._cv:                       # the scheduler thread waits: all four arrive at once
+        handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
     results = [h.result() for h in handles]
     assert [r.token_ids for r in results] == refs and gen.batchers["draft"].forwards == 0
     assert all(s.tree_size == 1 and not s.extra["drafted"] for r in results for s in r.steps)

@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-from bisect import bisect_left
 import platform
 import sys
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path

@@ -139,9 +139,11 @@ class Scheduler:
         if calls:
             steps = [(r, len(r.call.tokens)) for r in calls if r.call.phase == "step"]
             # a request still prefilling plans its first step as its prefill returns (in _run): it and
-            # its neighbours see it as a one-token row from now on, else 8 requests admitted together
+            # its neighbours see it as a one-token row from now on, else 8 requests arriving together
             # would each plan their first step in an empty batch
             coming = [r.id for r in calls if r.call.phase != "step"]
+            with self._cv:                          # and those that a free slot will take next
+                coming += [r.id for r in list(self.waiting)[: len(self.free)]]
             self.batch.join(coming)
             self._run(self.target, calls)
             live = {r.id for r in self.active}          # a request that ended in this phase is gone
