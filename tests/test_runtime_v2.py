@@ -193,7 +193,7 @@ def test_sampling_exact_with_neighbours(small_pair, strategy):
         h = gen.submit(prompt, strategy=strategy, max_new_tokens=2, sampling=T1, seed=50_000 + i)
         # neighbours: a sampled and a greedy request of other lengths share every step
         gen.submit([5, 6, 7, 8, 9][: 1 + i % 5], strategy="ngram", max_new_tokens=3, sampling=T1, seed=i)
-        gen.submit([9, 8, 7][: 1 + i % 3], strategy="staged", max_new_tokens=2)
+        gen.submit([9, 8, 7][: 1 + i % 3], strategy="staged:budget=4", max_new_tokens=2)
         counts[tuple(h.result(timeout=60).token_ids)] += 1
     p_first, p_joint = fit(counts, joint)
     print(f"[pvalue] batched {strategy.name}: first {p_first:.3g} joint {p_joint:.3g}")
