@@ -176,11 +176,11 @@ class AutoBudget:
         self.base_draft_s = (sum(self._padded("draft", self._round_others(k))
                                  for k in range(len(self.batch.draft))) if self.costs.draft else 0.0)
         self.draft_s = self.base_draft_s
-        if not self.could_pay():                        # not in this batch, whatever the draft: ar,
-            self.drafting = False                       # and a probe waits for the batch to drain
-            self.ar_run += 1
-            return False
         self.drafting = self.gain is None or self.gain >= 1.0
+        if (self.drafting or self.ar_run >= self.backoff) and not self.could_pay():
+            self.drafting = False                       # not in this batch, whatever the draft: ar,
+            self.ar_run += 1                            # and a probe waits for the batch to drain
+            return False
         if self.drafting:
             self.ar_run, self.backoff = 0, 1
         elif self.ar_run >= self.backoff:               # probe: draft once to re-measure acceptance
