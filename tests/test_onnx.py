@@ -112,6 +112,27 @@ def test_export_graph_is_standard_onnx(exported, arch):
     assert dims["logits"] == ["batch", "logit_rows", 97]
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_attention_reads_the_past_where_it_lies(exported, arch):
+    """No Concat (or Expand/Tile) in the graph copies a layer's past: through layout-only ops, every
+    past_* input reaches only MatMuls (a cat of past and new rows copied the whole past each step)."""
+    _, path = exported(arch)
+    graph = onnx.load(str(path)).graph
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    layout = {"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"}
+    for past in [v.name for v in graph.input if v.name.startswith("past_")]:
+        frontier, reached = [past], set()
+        while frontier:
+            for node in consumers.get(frontier.pop(), []):
+                reached.add(node.op_type)
+                if node.op_type in layout:
+                    frontier += list(node.output)
+        assert reached and reached <= layout | {"MatMul", "Shape"}, f"{past} reaches {sorted(reached)}"
+
+
 # --- (b, d) ORT against torch, in place on the cache --------------------------------------------
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])

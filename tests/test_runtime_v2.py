@@ -125,6 +125,19 @@ def test_old_contract_folder_is_refused(ort_folder, tmp_path):
         verify(eng)
 
 
+def test_older_graph_folder_runs_with_a_rebuild_hint(ort_folder, tmp_path, caplog):
+    import shutil
+    assert verify(ort_folder)["graph_revision"] == 2
+    eng = tmp_path / "old-graph"
+    shutil.copytree(ort_folder, eng)
+    m = json.loads((eng / "manifest.json").read_text())
+    del m["graph_revision"]             # folders built before graph revision 2 have no such key
+    (eng / "manifest.json").write_text(json.dumps(m))
+    with caplog.at_level("WARNING", logger="trtspec.engines.manifest"):
+        verify(eng)
+    assert "older graph" in caplog.text and "trtspec build" in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------
 # Batch invariance: mixed requests together == each alone
 # ---------------------------------------------------------------------------------------------

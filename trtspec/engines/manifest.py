@@ -11,18 +11,21 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ..errors import TrtspecError
-from ..export.contract import CONTRACT_VERSION
+from ..export.contract import CONTRACT_VERSION, GRAPH_REVISION
 
 FORMAT = "trtspec-engine"
 MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"
 COSTS_FILE = "costs.json"      # step costs measured on this machine (runtime/costs.py): not hashed
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(TrtspecError, RuntimeError):
@@ -54,6 +57,7 @@ def write_manifest(folder: Path, content: dict[str, Any]) -> dict[str, Any]:
     manifest = {
         "format": FORMAT,
         "contract_version": CONTRACT_VERSION,
+        "graph_revision": GRAPH_REVISION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         **content,
@@ -84,6 +88,9 @@ def verify(folder: str | Path) -> dict[str, Any]:
     if manifest.get("contract_version") != CONTRACT_VERSION:
         raise EngineError(f"{folder} was built for step contract v{manifest.get('contract_version')}, this "
                           f"trtspec runs v{CONTRACT_VERSION}; {fix}")
+    if manifest.get("graph_revision", 1) < GRAPH_REVISION:
+        log.warning("%s was built with an older graph whose attention copies each layer's past every step "
+                    "(it runs, more slowly at long contexts); %s", folder, fix)
     cache_path = folder / VERIFIED
     try:
         seen = json.loads(cache_path.read_text())

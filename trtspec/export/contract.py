@@ -2,12 +2,17 @@
 
 Symbolic dims: B = batch, T = new_tokens, C = past_len, S = total_len (= C + T), R = logit_rows.
 Version 2 added the batch axis (version 1 had none).
+
+GRAPH_REVISION numbers changes inside the graph that keep its I/O (engine folders of an older
+revision still run, more slowly): 2 = attention reads each layer's past where it lies (revision 1
+concatenated the past with the new rows, a copy of the whole past per layer per step).
 """
 from __future__ import annotations
 
 from .spec import ModelSpec
 
 CONTRACT_VERSION = 2
+GRAPH_REVISION = 2
 
 
 def io_spec(spec: ModelSpec, dtype: str) -> dict[str, list[dict]]:

@@ -8,8 +8,7 @@ block. A one-row step binds both straight onto the pool (ONNX Runtime IO binding
 cache is never copied or reallocated between steps. A step over B > 1 rows needs each layer's past
 as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` copies each row's past
 into a contiguous buffer and the new rows back into the slots (sizes and costs in
-docs/ARCHITECTURE.md). Inside a step, attention also concatenates each layer's past with the new
-rows (a temporary copy that grows with the context).
+docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies (export/model.py).
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
