@@ -136,6 +136,8 @@ def test_older_graph_folder_runs_with_a_rebuild_hint(ort_folder, tmp_path, caplo
     with caplog.at_level("WARNING", logger="trtspec.engines.manifest"):
         verify(eng)
     assert "older graph" in caplog.text and "trtspec build" in caplog.text
+    from trtspec.tools.inspect_engines import describe
+    assert "graph revision 1" in describe(eng)[0] and "graph revision 2" in describe(ort_folder)[0]
 
 
 # ---------------------------------------------------------------------------------------------
