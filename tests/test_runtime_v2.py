@@ -402,3 +402,50 @@ def test_a_failing_call_in_a_batch_fails_only_its_request(pair, monkeypatch):
         bad.result(timeout=30)
     assert [h.result(timeout=30).token_ids for h in good] == [want] * 3
     assert gen.scheduler.busy_slots == 0
+
+
+def test_batch_staging_recopies_only_changed_rows():
+    """B > 1 steps stage each row's past incrementally: committed rows are copied once, then only
+    rows committed since and scratch rows; a reset slot, another layout or another order copy all."""
+    from trtspec.export.spec import ModelSpec
+    from trtspec.runtime.kv_cache import BatchStaging, KVPool
+    spec = ModelSpec(arch="llama", vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=10000.0)
+    torch.manual_seed(0)
+    pool = KVPool(spec, slots=3, capacity=200, dtype=torch.float32)
+    pool.buf.normal_()
+    caches = pool.caches
+    for cache, n in zip(caches, (50, 70, 30)):
+        cache.length = n
+    st = BatchStaging(spec, torch.float32, "cpu")
+
+    def past(cs, c):
+        st.copied_rows = 0
+        out = st.past(cs, c)
+        for b, cache in enumerate(cs):     # every row's written rows, whatever was copied
+            assert torch.equal(out[:, b, :cache.used], cache.buf[:, :, :cache.used].flatten(0, 1))
+        return st.copied_rows
+
+    def step(cs, t):                       # what an engine does after its run
+        st.scatter(cs, torch.randn(2 * spec.num_layers, len(cs), t, 2, 16))
+        for cache in cs:
+            cache.advance(t)
+
+    assert past(caches, 128) == 150
+    step(caches, 3)
+    assert past(caches, 128) == 9          # scratch rows only
+    step(caches, 3)
+    caches[0].commit([1, 4])               # a non-prefix path: rows move within the slot
+    caches[1].commit([0, 1, 2])
+    caches[2].rollback()
+    assert past(caches, 128) == 2 + 3 + 0
+    caches[2].reset()                      # the slot goes to a new request
+    pool.buf[:, :, 2, :10].normal_()
+    caches[2].length = 10
+    assert past(caches, 128) == 10
+    assert past(caches, 192) == 52 + 73 + 10                     # another layout
+    assert past(caches[::-1], 192) == 10 + 52                    # rows 0 and 2 swap; row 1 stays put
+    other = KVPool(spec, slots=3, capacity=200, dtype=torch.float32).caches
+    for cache, mine in zip(other, caches[::-1]):
+        cache.length = mine.length
+    assert past(other, 192) == 52 + 73 + 10                      # same shape, other caches

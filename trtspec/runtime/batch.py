@@ -6,9 +6,11 @@ logits. Strategies yield calls (see runner.py); the scheduler collects the calls
 model and hands them to that model's `Batcher`, which runs them as one `Engine.step_batch`:
 
 - T (new tokens) is padded to the largest in the batch (then to a token bucket), C (the past) to
-  the longest row's cache (then to a cache bucket), R (logit rows) to the largest.
+  the longest row's cache (then to a cache bucket; without buckets, B > 1 rows to a multiple of
+  STAGING_ROWS, see kv_cache.BatchStaging), R (logit rows) to the largest.
 - Row b sees its committed prefix, the scratch rows its mask allows, and its own new tokens; pad
-  tokens see only themselves; columns past a row's own cache are stale rows of its slot, masked.
+  tokens see only themselves; columns past a row's own cache are stale rows (of its slot or of
+  its staged copy), masked.
   Rows never see each other: a neighbour in the batch cannot change a request's logits.
 - The pad tokens' KV rows are written and then dropped (`scratch -= pad`), so each slot is
   allocated with `headroom` rows beyond its capacity.
@@ -31,6 +33,9 @@ from ..options import MAX_STEP_TOKENS
 from .kv_cache import KVCache
 
 MAX_BATCH_TOKENS = 64     # calls with more new tokens than this run alone
+# B > 1 rows are copied into one contiguous block per step (kv_cache.BatchStaging); their past is
+# padded up to a multiple of this, so the block keeps its layout and only changed rows are recopied.
+STAGING_ROWS = 64
 # One lock per engine object: engines own step state (IO bindings, staging, logits buffers), so two
 # Generators (two scheduler threads) over the same engine must take turns.
 _ENGINE_LOCKS: "weakref.WeakKeyDictionary[Engine, threading.Lock]" = weakref.WeakKeyDictionary()
@@ -90,7 +95,7 @@ class Batcher:
         self.steps = {"prefill": 0, "step": 0}
         t_max = max(MAX_STEP_TOKENS, max(self.token_buckets, default=0))
         self.headroom = max(max_batch_tokens, max(self.token_buckets, default=0))
-        width = bucket(capacity + self.headroom, self.cache_buckets) + t_max
+        width = bucket(capacity + self.headroom, self.cache_buckets) + STAGING_ROWS + t_max
         cells = max(max_batch * bucket(max_batch_tokens, self.token_buckets), t_max)
         dev = engine.device
         self._mask = torch.zeros(cells * width, dtype=torch.bool, device=dev)
@@ -121,7 +126,12 @@ class Batcher:
         t_real = max(c.t for c in calls)
         t = bucket(t_real, self.token_buckets)
         c_real = max(c.cache.used for c in calls)
-        past = bucket(c_real, self.cache_buckets) if self.cache_buckets else c_real
+        if self.cache_buckets:
+            past = bucket(c_real, self.cache_buckets)
+        elif b > 1:                                 # staged rows: a layout that lasts many steps
+            past = -(-c_real // STAGING_ROWS) * STAGING_ROWS
+        else:
+            past = c_real
         r = max(c.r for c in calls)
         if r > 1 and t > t_real:
             r = t                                   # logit rows are static per token bucket

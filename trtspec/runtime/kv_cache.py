@@ -16,6 +16,8 @@ order, right after the committed prefix (a no-op when they already are), and dro
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import torch
 
@@ -47,6 +49,7 @@ class KVCache:
         self.buf = buf
         self.length = 0    # committed rows
         self.scratch = 0   # uncommitted rows written after them
+        self.epoch = 0     # reset count: rows [0, length) change only when it does
 
     @property
     def used(self) -> int:
@@ -86,21 +89,29 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
         self.scratch = 0
+        self.epoch += 1
 
 
 class BatchStaging:
     """Contiguous copies for a step over B > 1 rows (one engine's, reused; it grows to the largest
     batch seen and never shrinks, so a steady state allocates nothing).
 
-    `past(caches, c)` copies rows [0, c) of every row's slot into `[2L, B, c, Hkv, D]` (row b's
-    rows past its own `used` are stale and masked by the caller); `new(b, t)` is where a step writes
-    its `[2L, B, t, Hkv, D]` new keys/values; `scatter(caches, new)` copies row b's into its slot at
-    `caches[b].used`."""
+    `past(caches, c)` returns every row's past as `[2L, B, c, Hkv, D]`: rows [0, used) of row b are
+    its slot's, the rest are stale (finite) and masked by the caller. The copy is incremental: a
+    row's committed rows never change until its slot is reset, so while the layout (B, c) and the
+    row's cache stay the same, only the rows from its last staged `length` on (rows committed since,
+    and scratch rows) are copied again. The Batcher rounds a batch's past up to a multiple of
+    `STAGING_ROWS`, so one layout lasts many steps. `new(b, t)` is where a step writes its
+    `[2L, B, t, Hkv, D]` new keys/values; `scatter(caches, new)` copies row b's into its slot at
+    `caches[b].used`. `copied_rows` counts the past rows copied (tests, benchmarks)."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: str | torch.device):
         self.spec, self.dtype, self.device = spec, dtype, device
         self._past = torch.empty(0, dtype=dtype, device=device)
         self._new = torch.empty(0, dtype=dtype, device=device)
+        self._layout: tuple = ()
+        self._staged: list[tuple] = []      # per row: (weakref to its cache, cache epoch, rows valid)
+        self.copied_rows = 0
 
     def _view(self, name: str, b: int, rows: int) -> torch.Tensor:
         s = self.spec
@@ -108,12 +119,28 @@ class BatchStaging:
         n = int(np.prod(shape))
         buf = getattr(self, name)
         if buf.numel() < n:
-            buf = torch.empty(n, dtype=self.dtype, device=self.device)
+            # zeros, not empty: a row's stale columns are masked, but garbage could hold NaNs
+            buf = torch.zeros(n, dtype=self.dtype, device=self.device)
             setattr(self, name, buf)
         return buf[:n].view(shape)
 
     def past(self, caches: list[KVCache], c: int) -> torch.Tensor:
-        return gather_past(caches, self._view("_past", len(caches), c))
+        out = self._view("_past", len(caches), c)
+        layout = (out.data_ptr(), len(caches), c)
+        staged = self._staged if layout == self._layout else []
+        self._layout, self._staged = layout, []
+        for b, cache in enumerate(caches):
+            start = 0
+            if b < len(staged):
+                ref, epoch, valid = staged[b]
+                if ref() is cache and epoch == cache.epoch and cache.length >= valid:
+                    start = valid
+            end = min(cache.used, c)
+            if end > start:
+                out[:, b, start:end].copy_(cache.buf[:, :, start:end].flatten(0, 1), non_blocking=True)
+                self.copied_rows += end - start
+            self._staged.append((weakref.ref(cache), cache.epoch, min(cache.length, end)))
+        return out
 
     def new(self, b: int, t: int) -> torch.Tensor:
         return self._view("_new", b, t)
