@@ -6,9 +6,9 @@ runs: `KVCache` is that slot's view `buf[:, :, slot]`, sequence-major, so `buf[l
 past of layer l) and `buf[l, j, slot, C:C+T]` (where the step's new rows go) are each one contiguous
 block. A one-row step binds both straight onto the pool (ONNX Runtime IO binding, torch views): the
 cache is never copied or reallocated between steps. A step over B > 1 rows needs each layer's past
-as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` copies each row's past
-into a contiguous buffer and the new rows back into the slots (sizes and costs in
-docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies (export/model.py).
+as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` keeps a contiguous
+copy of each row's past, updated incrementally, and copies the new rows back into the slots
+(sizes and costs in docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies (export/model.py).
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
