@@ -88,7 +88,8 @@ class Attention(nn.Module):
         # computed apart and joined ([.., G*T, C+T], not a copy of the past), one softmax over both,
         # and the two halves of the probabilities weight their own values. Concatenating the past
         # with the new rows instead copied every layer's past each step (3-5x this attention's cost).
-        scores = torch.cat([torch.matmul(qg, past_k.permute(0, 2, 3, 1)), torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)
+        scores = torch.cat([torch.matmul(qg, past_k.permute(0, 2, 3, 1)),      # [B, Hkv, G*T, C]
+                            torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)      # [.., C+T]
         scores = scores.float().view(b, self.kv, g, t, c + t) * (1.0 / math.sqrt(self.d)) + mask_add
         probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.kv, g * t, c + t)
         out = (torch.matmul(probs[..., :c], past_v.permute(0, 2, 1, 3))

@@ -8,7 +8,8 @@ block. A one-row step binds both straight onto the pool (ONNX Runtime IO binding
 cache is never copied or reallocated between steps. A step over B > 1 rows needs each layer's past
 as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` keeps a contiguous
 copy of each row's past, updated incrementally, and copies the new rows back into the slots
-(sizes and costs in docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies (export/model.py).
+(sizes and costs in docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies
+(export/model.py).
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in

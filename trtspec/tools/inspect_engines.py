@@ -27,8 +27,9 @@ from ..runtime.tree import TokenTree
 
 def describe(folder: Path) -> list[str]:
     m = verify(folder)
-    lines = [f"engine folder {folder} (contract v{m['contract_version']}, graph revision {m.get('graph_revision', 1)}, "
-             f"built {m['created']}, hashes OK)",
+    rev = m.get("graph_revision", 1)
+    lines = [f"engine folder {folder} (contract v{m['contract_version']}, graph revision {rev}, built {m['created']}, "
+             "hashes OK)",
              "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
     for role, info in m["models"].items():
         s = info["spec"]
