@@ -129,18 +129,14 @@ class BatchStaging:
         out = self._view("_past", len(caches), c)
         layout = (out.data_ptr(), len(caches), c)
         staged = self._staged if layout == self._layout else []
-        self._layout, self._staged = layout, []
-        for b, cache in enumerate(caches):
-            start = 0
-            if b < len(staged):
-                ref, epoch, valid = staged[b]
-                if ref() is cache and epoch == cache.epoch and cache.length >= valid:
-                    start = valid
-            end = min(cache.used, c)
-            if end > start:
-                out[:, b, start:end].copy_(cache.buf[:, :, start:end].flatten(0, 1), non_blocking=True)
-                self.copied_rows += end - start
-            self._staged.append((weakref.ref(cache), cache.epoch, min(cache.length, end)))
+        starts = [0] * len(caches)
+        for b, (cache, (ref, epoch, valid)) in enumerate(zip(caches, staged)):
+            if ref() is cache and epoch == cache.epoch and cache.length >= valid:
+                starts[b] = valid            # rows [0, valid) are still this cache's committed rows
+        spans = [(start, min(cache.used, c)) for start, cache in zip(starts, caches)]
+        self.copied_rows += gather_past(caches, out, spans)
+        self._layout = layout
+        self._staged = [(weakref.ref(cache), cache.epoch, min(cache.length, c)) for cache in caches]
         return out
 
     def new(self, b: int, t: int) -> torch.Tensor:
@@ -150,12 +146,16 @@ class BatchStaging:
         scatter_new(caches, new)
 
 
-def gather_past(caches: list[KVCache], out: torch.Tensor) -> torch.Tensor:
-    """Copy rows [0, C) of each row's slot into out[2L, B, C, Hkv, D] (C = out.shape[2])."""
-    c = out.shape[2]
+def gather_past(caches: list[KVCache], out: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> int:
+    """Copy rows [start, end) of each row's slot into out[2L, B, C, Hkv, D], spans[b] = (start, end);
+    default: every row's [0, C) (C = out.shape[2]). Returns the rows copied."""
+    copied = 0
     for b, cache in enumerate(caches):
-        out[:, b].copy_(cache.buf[:, :, :c].flatten(0, 1), non_blocking=True)
-    return out
+        start, end = spans[b] if spans else (0, out.shape[2])
+        if end > start:
+            out[:, b, start:end].copy_(cache.buf[:, :, start:end].flatten(0, 1), non_blocking=True)
+            copied += end - start
+    return copied
 
 
 def scatter_new(caches: list[KVCache], new: torch.Tensor) -> None:
