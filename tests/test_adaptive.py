@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import CPU_LIKE, GPU_LIKE
 from trtspec.config import load_config
@@ -197,6 +198,20 @@ def test_acceptance_prior_and_calibration():
     assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated
     f.update(np.full(200, 0.85), np.arange(200) < 60)                   # 30% accepted at q = 0.85
     assert abs(f(0.85) - 0.3) < 0.05 and f(0.55) > 0.5                 # other bins keep their prior
+
+
+def test_expected_value_of_a_sampled_child_is_its_per_token_mean():
+    """Acceptance.expected (computed where the draft's probabilities are) = sum_y draw(y) f(q(y)),
+    with f the calibrated per-bin rate; q values on every bin edge included."""
+    f = Acceptance()
+    f.update(np.full(50, 0.85), np.arange(50) < 10)
+    rng = np.random.default_rng(0)
+    q = np.concatenate([[0.0, 0.02, 0.05, 0.5, 0.95, 1.0], rng.random(58)])
+    q /= q.sum() * 0.5                                   # some q(y) > 1 before clipping to the last bin
+    draw = rng.random(64)
+    draw, q = torch.from_numpy(draw / draw.sum()).float(), torch.from_numpy(q).float()
+    want = sum(float(d) * f(float(x)) for d, x in zip(draw, q))
+    assert f.expected(draw, q) == pytest.approx(want, rel=1e-5)
 
 
 def test_batch_neighbours_shrink_the_tree_on_cpu():

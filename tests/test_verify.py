@@ -1,19 +1,23 @@
-"""verify_greedy on hand-built and random trees; KVCache.commit compaction; tree commit end to end."""
+"""verify_greedy on hand-built and random trees; KVCache.commit compaction; tree commit end to end;
+verification that reads the device once per step."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hst
+from torch.overrides import TorchFunctionMode
 
 from conftest import reference_logits
 from trtspec.export.tiny import tiny_spec
+from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.kv_cache import KVCache, KVPool
 from trtspec.runtime.runner import ModelRunner, drive
-from trtspec.runtime.sampling import SamplingParams
+from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.tree import TokenTree
-from trtspec.runtime.verify import verify_greedy
+from trtspec.runtime.verify import sampling_choice, verify_greedy, verify_sampling
 
 V = 8
 
@@ -250,3 +254,133 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     n = ref.cache.length
     assert n == runner.cache.length
     torch.testing.assert_close(runner.cache.buf[:, :, :n], ref.cache.buf[:, :, :n], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification stays on the device: one host read per step
+# ---------------------------------------------------------------------------------------------
+
+class HostReads(TorchFunctionMode):
+    """Records every call that brings a tensor's values to the host (on a GPU, each one a sync):
+    scalar and list reads, host copies, and shapes that depend on values (nonzero, bool masks)."""
+    NAMES = {"item", "tolist", "numpy", "cpu", "__array__", "__bool__", "__int__", "__float__", "__index__",
+             "nonzero", "masked_select"}
+
+    def __init__(self):
+        super().__init__()
+        self.reads: list[str] = []
+        self.paused = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.paused and (name in self.NAMES or (name == "__getitem__" and _bool_index(args[1]))):
+            self.reads.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def _bool_index(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in parts)
+
+
+def random_tree(data, vocab: int, sampled: bool) -> TokenTree:
+    """A random tree whose siblings carry distinct tokens; with `sampled`, a mix of q rows and NaN
+    (deterministic) rows."""
+    n = data.draw(hst.integers(1, 24))
+    parents = [-1] + [data.draw(hst.integers(0, i - 1)) for i in range(1, n)]
+    tokens = [data.draw(hst.integers(0, vocab - 1))]
+    for i in range(1, n):
+        used = {tokens[j] for j in range(1, i) if parents[j] == parents[i]}
+        tokens.append(data.draw(hst.sampled_from([t for t in range(vocab) if t not in used])))
+    q = None
+    if sampled:
+        g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
+        q = torch.softmax(torch.randn(n, vocab, generator=g), -1)
+        q[[0] + [i for i in range(1, n) if data.draw(hst.booleans())]] = float("nan")
+    return TokenTree(tokens, parents, q)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(hst.data())
+def test_verification_reads_the_device_once(data):
+    vocab = 32                            # more than the most siblings a tree here can have
+    tree = random_tree(data, vocab, sampled=data.draw(hst.booleans()))
+    g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
+    logits = torch.randn(len(tree), vocab, generator=g) * 3
+    params = SamplingParams(temperature=0.9, top_k=data.draw(hst.sampled_from([0, 5])),
+                            top_p=data.draw(hst.sampled_from([1.0, 0.8])))
+    with HostReads() as reads:
+        path, nxt = verify_greedy(tree, logits)
+    assert reads.reads == ["tolist"]
+    assert 0 <= nxt < vocab and path[0] == 0
+    with HostReads() as reads:
+        probs = probs_from_logits(logits, params)
+        last, nxt = sampling_choice(tree, probs, g, early_exit=False).tolist()    # as on a GPU
+    assert reads.reads == ["tolist"]
+    path = tree.path(last)
+    assert 0 <= nxt < vocab and path[0] == 0 and (len(path) == 1 or tree.host_parents[path[-1]] == path[-2])
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
+    """A whole verify step (mask, positions, forward, acceptance, KV commit): one host read, the
+    accepted node and next token. The engine's own forward is not counted (a CUDA graph replays it)."""
+    engine = llama_pair.target_engine
+    runner = ModelRunner.alone(engine, 64)
+    prompt = [11, 42, 7, 300, 42, 7]
+    drive(runner.prefill(prompt[:-1]))
+    seq = np.zeros(64, dtype=np.int64)
+    params = SamplingParams(temperature=0.8, top_k=50) if sampled else SamplingParams()
+    st = DecodeState(runner, None, params, torch.Generator().manual_seed(0), seq, 0)
+    st.append(prompt)
+    vocab = llama_pair.spec.vocab_size
+    q = torch.softmax(torch.randn(6, vocab, generator=torch.Generator().manual_seed(1)), -1) if sampled else None
+    if q is not None:
+        q[[0, 3]] = float("nan")
+    tree = TokenTree([7, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], q)
+    reads = HostReads()
+    forward = engine.step_batch
+
+    def uncounted(*args, **kwargs):
+        reads.paused = True
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            reads.paused = False
+
+    monkeypatch.setattr(engine, "step_batch", uncounted)
+    walk = verify_mod.sampling_choice                  # the walk as on a GPU (no early exit)
+    monkeypatch.setattr(verify_mod, "sampling_choice", lambda *args: walk(*args, early_exit=False))
+    with reads:
+        emitted, path = drive(st.verify_and_commit(tree))
+    assert reads.reads == ["tolist"]
+    assert runner.cache.length == len(prompt) - 1 + len(path) and emitted[:-1] == tree.host_tokens[path[1:]].tolist()
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(hst.data())
+def test_child_table_lists_children_in_order(data):
+    n = data.draw(hst.integers(1, 30))
+    tree = TokenTree(list(range(n)), [-1] + [data.draw(hst.integers(0, i - 1)) for i in range(1, n)])
+    table, widths = tree.child_table()
+    kids = tree.children()
+    assert table.shape == (n, max(map(len, kids)))
+    for node, row in enumerate(table.tolist()):
+        assert row == kids[node] + [-1] * (table.shape[1] - len(kids[node]))
+    for d, w in enumerate(widths):
+        assert w == max(len(kids[i]) for i in range(n) if tree.host_depth[i] == d)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(hst.data())
+def test_the_fixed_walk_equals_the_early_exit_walk(data):
+    """What a GPU runs (every trial, masked: no read) and what the CPU runs (stop once the walk has
+    moved on or stopped) draw the same uniforms and pick the same node and token."""
+    vocab = 32
+    tree = random_tree(data, vocab, sampled=data.draw(hst.booleans()))
+    g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
+    probs = torch.softmax(torch.randn(len(tree), vocab, generator=g) * 3, -1)
+    seed = data.draw(hst.integers(0, 2**16))
+    fixed = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=False)
+    early = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=True)
+    assert fixed.tolist() == early.tolist()

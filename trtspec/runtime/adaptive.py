@@ -73,9 +73,12 @@ class Acceptance:
         return float(self.hits[b] / self.tries[b])
 
     def expected(self, draw: torch.Tensor, q: torch.Tensor) -> float:
-        """E[f(q(y))] for y drawn from `draw`: the value of a sampled child, known before it is drawn."""
-        bins = torch.from_numpy(self._bins(q.double().numpy()))
-        return float((draw.double() * torch.from_numpy(self.hits / self.tries)[bins]).sum())
+        """E[f(q(y))] for y drawn from `draw`: the value of a sampled child, known before it is drawn.
+        Computed where the draft's probabilities are (one read: the result)."""
+        edges = torch.as_tensor(EDGES, dtype=torch.float64, device=q.device)
+        rates = torch.as_tensor(self.hits / self.tries, device=q.device)
+        bins = (torch.bucketize(q.double(), edges, right=True) - 1).clamp_(0, len(rates) - 1)   # as _bins
+        return float((draw.double() * rates[bins]).sum())
 
     def update(self, q: np.ndarray, accepted: np.ndarray) -> None:
         b = self._bins(q)

@@ -81,23 +81,24 @@ class DecodeState:
         `node_q` (in extra): each node's draft probability given its parent (NaN: none), which
         calibrates the policy. Returns (emitted tokens, accepted path as tree node indices, root first)."""
         t0 = time.perf_counter()
+        tree = tree.to(self.target.engine.device)
         logits = yield from self.target.verify(tree)
         if self.sampling.greedy:
             path, nxt = verify_greedy(tree, logits)
         else:
             path, nxt = verify_sampling(tree, probs_from_logits(logits, self.sampling), self.gen)
-        self.target.cache.commit(path.numpy())
-        emitted = tree.tokens[path[1:]].tolist() + [nxt]
+        self.target.cache.commit(path)
+        emitted = tree.host_tokens[path[1:]].tolist() + [nxt]
         if self.record_trees:
-            extra["tree"] = {"tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
+            extra["tree"] = {"tokens": tree.host_tokens.tolist(), "parents": tree.host_parents.tolist(),
                              "path": path.tolist(), "next_token": nxt, **extra.pop("tree_nodes", {})}
         else:
             extra.pop("tree_nodes", None)
         node_q = extra.pop("node_q", None)
         verify_s = time.perf_counter() - t0
         if self.policy is not None:
-            extra.update(self.policy.observe(len(tree), path.numpy(), tree.parents.numpy(), node_q, len(emitted),
+            extra.update(self.policy.observe(len(tree), path, tree.host_parents, node_q, len(emitted),
                                              self.draft_seconds + verify_s))
         self.steps.append(StepStats(len(tree), len(path) - 1, draft_forwards, self.draft_seconds, verify_s, extra))
         self.draft_seconds = 0.0
-        return emitted, path.numpy()
+        return emitted, path

@@ -168,9 +168,9 @@ class Request:
         cap = strat.auto_nodes()
         policy = (AutoBudget(self.costs, cap, self.batch, self.id) if cap is not None and self.costs is not None
                   else None)
-        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling,
-                         torch.Generator().manual_seed(self.seed), slot.seq, 0, record_trees=self.record_trees,
-                         policy=policy)
+        rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
+        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
+                         record_trees=self.record_trees, policy=policy)
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()

@@ -62,7 +62,7 @@ class ModelRunner:
             tokens = tokens.clamp(max=self.max_id)
         self.forwards += 1
         logits = yield Call(self.batcher, self.cache, tokens, positions, new_mask, logit_rows, phase)
-        return self._fit_vocab(logits.float().cpu())
+        return self._fit_vocab(logits.float())      # where the engine left them: no host copy
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:
@@ -93,6 +93,7 @@ class ModelRunner:
         """One forward over a whole tree placed after the committed prefix; logits for every node."""
         c = self.cache
         assert c.scratch == 0, "verify expects no uncommitted rows"
+        tree = tree.to(self.engine.device)
         return (yield from self.run(tree.tokens, c.length + tree.depth, tree.ancestors))
 
     def reset(self) -> None:

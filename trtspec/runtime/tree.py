@@ -6,52 +6,95 @@ topological order (parent index < child index), so a root-to-node path is ascend
 
 `q[i]` is the distribution node i's token was drawn from, when it was sampled; `None` (or a row of
 NaN) marks a deterministic child (argmax / top-k / n-gram / merged), verified with q = one-hot.
+
+Strategies build a tree on the host; `tree.to(device)` puts it where the target runs with one copy
+of (tokens, parents, depth), and the ancestor mask and child table are computed there from the
+parents, with no read back. The host keeps its own copy of the tokens and parents, so `path()`,
+`children()` and the emitted tokens never read the device.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+import numpy as np
 import torch
 
 
-@dataclass
-class TokenTree:
-    tokens: torch.Tensor                 # [N] int64
-    parents: torch.Tensor                # [N] int64, -1 for the root
-    q: torch.Tensor | None = None        # [N, V] float32 proposal rows, NaN row = deterministic
-    depth: torch.Tensor = field(init=False)
-    ancestors: torch.Tensor = field(init=False)   # [N, N] bool: [i, j] = j is i or an ancestor of i
+def _host(x) -> np.ndarray:
+    """An int64 host copy (the caller's array may be reused)."""
+    if isinstance(x, torch.Tensor):
+        x = x.numpy(force=True)
+    return np.array(x, dtype=np.int64)
 
-    def __post_init__(self) -> None:
-        n = self.tokens.shape[0]
-        # Pointer jumping: one vectorized pass per tree level instead of a walk per node.
-        anc = torch.eye(n, dtype=torch.bool)
-        depth = torch.zeros(n, dtype=torch.int64)
-        rows = torch.arange(n)
-        ptr = self.parents.clone()
-        while bool((ptr >= 0).any()):
-            live = ptr >= 0
-            anc[rows[live], ptr[live]] = True
-            depth += live.long()
-            ptr = torch.where(live, self.parents[ptr.clamp(min=0)], ptr)
-        self.depth, self.ancestors = depth, anc
+
+class TokenTree:
+    def __init__(self, tokens, parents, q: torch.Tensor | None = None, device: str | torch.device | None = None):
+        self.host_tokens = _host(tokens)                               # [N]
+        self.host_parents = _host(parents)                             # [N], -1 for the root
+        n = len(self.host_parents)
+        depth = np.zeros(n, dtype=np.int64)
+        for i in range(1, n):                                          # topological: parents come first
+            depth[i] = depth[self.host_parents[i]] + 1
+        self.host_depth = depth
+        self.device = torch.device(device if device is not None else (q.device if q is not None else "cpu"))
+        packed = torch.from_numpy(np.stack([self.host_tokens, self.host_parents, depth])).to(self.device)
+        self.tokens, self.parents, self.depth = packed[0], packed[1], packed[2]     # [N] int64 each
+        self.q = None if q is None else q.to(self.device)                          # [N, V] or None
+        self.ancestors = self._closure()          # [N, N] bool: [i, j] = j is i or an ancestor of i
+        self._kids: tuple[torch.Tensor, list[int]] | None = None
+
+    def _closure(self) -> torch.Tensor:
+        """Ancestor-or-self mask by repeated squaring of (I + parent edges): after k squarings it holds
+        every ancestor within 2^k steps, so ceil(log2(max depth)) rounds, a count the host knows."""
+        n = len(self)
+        a = torch.eye(n, device=self.device)
+        child = torch.arange(1, n, device=self.device)
+        a[child, self.parents[1:]] = 1.0
+        for _ in range(max(int(self.host_depth.max(initial=0)) - 1, 0).bit_length()):
+            a = (a @ a).clamp_(max=1.0)
+        return a.bool()
 
     @classmethod
     def chain(cls, root: int, drafts: list[int], q: torch.Tensor | None = None) -> "TokenTree":
         n = len(drafts) + 1
-        return cls(torch.tensor([root] + list(drafts), dtype=torch.int64), torch.arange(-1, n - 1), q)
+        return cls([root] + list(drafts), np.arange(-1, n - 1), q)
+
+    def to(self, device: str | torch.device) -> "TokenTree":
+        """This tree on `device` (itself when it is there already)."""
+        if torch.device(device) == self.device:
+            return self
+        return TokenTree(self.host_tokens, self.host_parents, self.q, device)
 
     def __len__(self) -> int:
-        return self.tokens.shape[0]
+        return len(self.host_parents)
 
     def children(self) -> list[list[int]]:
         """Child lists in node order (the order siblings are tried during sampling verification)."""
         kids: list[list[int]] = [[] for _ in range(len(self))]
-        for child, parent in enumerate(self.parents.tolist()):
+        for child, parent in enumerate(self.host_parents.tolist()):
             if parent >= 0:
                 kids[parent].append(child)
         return kids
 
-    def path(self, node: int) -> torch.Tensor:
-        """Node indices root..node, ascending."""
-        return self.ancestors[node].nonzero().flatten()
+    def child_table(self) -> tuple[torch.Tensor, list[int]]:
+        """(table, widths): table[node, j] = node's j-th child on the device (-1 past its last), and
+        widths[d] = the most children any node at depth d has (host), which bounds a walk's steps."""
+        if self._kids is None:
+            n = len(self)
+            counts = np.bincount(self.host_parents[1:], minlength=n)
+            widths = np.zeros(int(self.host_depth.max(initial=0)) + 1, dtype=np.int64)
+            np.maximum.at(widths, self.host_depth, counts)
+            k = int(counts.max(initial=0))
+            nodes = torch.arange(n, device=self.device)
+            siblings = self.parents.unsqueeze(0) == nodes.unsqueeze(1)             # [p, c]: c is p's child
+            rank = siblings.cumsum(-1).gather(0, self.parents.clamp(min=0).unsqueeze(0))[0] - 1
+            table = torch.full((n, k + 1), -1, dtype=torch.int64, device=self.device)
+            # The root has no parent: it lands in the spare last column, which is then dropped.
+            table[self.parents.clamp(min=0), torch.where(self.parents >= 0, rank, k)] = nodes
+            self._kids = table[:, :k], widths.tolist()
+        return self._kids
+
+    def path(self, node: int) -> np.ndarray:
+        """Node indices root..node, ascending (from the host's parents: no device read)."""
+        out = [node]
+        while self.host_parents[out[-1]] >= 0:
+            out.append(int(self.host_parents[out[-1]]))
+        return np.array(out[::-1], dtype=np.int64)

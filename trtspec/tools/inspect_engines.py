@@ -99,7 +99,7 @@ def _invariance(runner: ModelRunner, tree: TokenTree, tree_logits: torch.Tensor)
     worst, same = 0.0, 0
     for node in range(len(tree)):
         runner.cache.rollback()
-        for tok in tree.tokens[tree.path(node)].tolist():
+        for tok in tree.host_tokens[tree.path(node)].tolist():
             logits = drive(runner.extend([tok]))
         row = logits.reshape(-1, logits.shape[-1])[-1].float()
         worst = max(worst, float((row - tree_logits[node]).abs().max()))
