@@ -13,6 +13,11 @@ forward (staged speculation / vertical cascade): chain tokens are fed speculativ
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
 marked dead and never reach the target.
 
+Each draft forward ends with one host read: every fed node's top-k (`top[node]`: probabilities and
+tokens, k = the strategy's `top_k`, at least the argmax) and each reviewed chain token's probability
+at its parent. Strategies rank, review and value children from these host copies (`prob(parent,
+token)`), so drafting reads the device once per forward, not once per candidate.
+
 After target verification, `commit(path)` keeps the draft KV rows of the accepted path (only nodes
 fed under their true prefix: a node reached through a merged GSD edge borrowed another prefix's
 KV, so the commit stops there and the next step re-feeds those tokens as pending).
@@ -28,8 +33,9 @@ from .tree import TokenTree
 
 
 class DraftTree:
-    def __init__(self, st: DecodeState, capacity: int = 512):
+    def __init__(self, st: DecodeState, capacity: int = 512, top_k: int = 1):
         self.st = st
+        self.top_k = max(1, top_k)
         self.runner = st.draft
         cache = self.runner.cache
         self.pending = st.tokens()[cache.length:].tolist()      # tokens the draft has not seen, root last
@@ -44,7 +50,9 @@ class DraftTree:
         self.from_review = np.zeros(n, dtype=bool)                # proposed by a cheaper drafter
         self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
         self.q: list[torch.Tensor | None] = [None] * n            # proposal dist a sampled child came from
-        self.probs: dict[int, torch.Tensor] = {}
+        self.probs: dict[int, torch.Tensor] = {}                  # on the draft's device
+        self.top: dict[int, tuple[list[float], list[int]]] = {}   # host: a fed node's top-k (probs, tokens)
+        self._known: dict[tuple[int, int], float] = {}            # host: (parent, token) -> probability
         self.size = 1
         self.tokens[0] = st.root
         self.anc[0, 0] = True
@@ -54,14 +62,17 @@ class DraftTree:
         self.review_kept = 0                                       # ... and kept by the draft
 
     @classmethod
-    def open(cls, st: DecodeState, capacity: int = 512) -> Calls:
+    def open(cls, st: DecodeState, capacity: int = 512, top_k: int = 1) -> Calls:
         """A tree rooted at the last emitted token, whose distribution the draft computes by feeding
-        the pending tokens (a coroutine: `tree = yield from DraftTree.open(st, n)`)."""
+        the pending tokens (a coroutine: `tree = yield from DraftTree.open(st, n)`). `top_k`: how
+        many of each fed node's most likely children the strategy ranks (read with the forward)."""
         yield from st.draft_catch_up()
-        tree = cls(st, capacity)
+        tree = cls(st, capacity, top_k)
         logits = yield from tree.runner.extend(tree.pending)      # feeds the root
         tree.row[0] = len(tree.pending) - 1
-        tree.probs[0] = tree._dist(logits)[0]
+        dists = tree._dist(logits)
+        tree.probs[0] = dists[0]
+        tree._read(dists, [0], [])
         tree.forwards += 1
         return tree
 
@@ -84,6 +95,16 @@ class DraftTree:
 
     def fed(self, node: int) -> bool:
         return self.row[node] >= 0
+
+    def prob(self, parent: int, token: int) -> float:
+        """The draft's probability of `token` after the fed node `parent`: from the host copies read
+        with the forward (a top-k token, a reviewed one), else one read of its own."""
+        probs, toks = self.top[parent]
+        if token in toks:
+            return probs[toks.index(token)]
+        if (parent, token) not in self._known:
+            self._known[parent, token] = float(self.probs[parent][token])
+        return self._known[parent, token]
 
     # -- draft forwards ----------------------------------------------------------------------
     def _dist(self, logits: torch.Tensor) -> torch.Tensor:
@@ -126,14 +147,15 @@ class DraftTree:
             self.row[node] = scratch + i
             self.row_owner.append(node)
             self.probs[node] = dists[i]
+        self._read(dists, batch, [c for added in chain_of.values() for c in added])
         done = list(nodes)
         for node, added in chain_of.items():
             prev = node
             self.reviewed += len(added)
             for child in added:                     # review: keep while the draft agrees
-                p = self.probs[prev]
+                probs, toks = self.top[prev]
                 tok = int(self.tokens[child])
-                if int(p.argmax()) == tok or (lenience > 1 and float(p[tok]) * lenience >= float(p.max())):
+                if toks[0] == tok or (lenience > 1 and self.prob(prev, tok) * lenience >= probs[0]):
                     done.append(child)
                     self.review_kept += 1
                     prev = child
@@ -141,6 +163,21 @@ class DraftTree:
                     self.alive[child:added[-1] + 1] = False   # the rest of the chain hangs off it
                     break
         return done
+
+    def _read(self, dists: torch.Tensor, batch: list[int], reviewed: list[int]) -> None:
+        """The forward's one host read: the top-k of every row of `dists` (the nodes of `batch`, in
+        order) and the probability of each `reviewed` chain token at its parent (fed in this batch)."""
+        vals, idx = dists.topk(min(self.top_k, dists.shape[-1]), -1)
+        parts = [vals.flatten(), idx.flatten().to(vals.dtype)]      # token ids < 2^24: exact in float32
+        if reviewed:
+            rows = torch.tensor([batch.index(int(self.parents[c])) for c in reviewed], device=dists.device)
+            parts.append(dists[rows, torch.as_tensor(self.tokens[reviewed], device=dists.device)])
+        host = torch.cat(parts).tolist()
+        k, n = vals.shape[-1], len(batch)
+        for i, node in enumerate(batch):
+            self.top[node] = (host[i * k:(i + 1) * k], [int(t) for t in host[(n + i) * k:(n + i + 1) * k]])
+        for j, child in enumerate(reviewed):
+            self._known[int(self.parents[child]), int(self.tokens[child])] = host[2 * n * k + j]
 
     # -- hand-off to the target --------------------------------------------------------------
     def token_tree(self, nodes: list[int] | None = None) -> tuple[TokenTree, np.ndarray]:
@@ -155,7 +192,7 @@ class DraftTree:
             ref = next(x for x in qs if x is not None)
             nan = torch.full_like(ref, float("nan"))
             q = torch.stack([nan if x is None else x for x in qs])
-        return TokenTree(torch.from_numpy(self.tokens[sel]), torch.from_numpy(parents), q), sel
+        return TokenTree(self.tokens[sel], parents, q), sel
 
     def reviewed_mask(self, nodes: np.ndarray) -> list[bool]:
         return self.from_review[nodes].tolist()
@@ -180,10 +217,14 @@ class DraftTree:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a
         node whose parent was never fed): what the policy's acceptance estimate is calibrated on."""
         out = np.full(len(nodes), np.nan)
-        for i, n in enumerate(nodes.tolist()):
-            p = int(self.parents[n])
-            if p >= 0 and p in self.probs:
-                out[i] = float(self.probs[p][int(self.tokens[n])])
+        fed = [(i, int(self.parents[n]), int(self.tokens[n])) for i, n in enumerate(nodes.tolist())
+               if self.parents[n] >= 0 and int(self.parents[n]) in self.probs]
+        unread = [(p, t) for _, p, t in fed if t not in self.top[p][1] and (p, t) not in self._known]
+        if unread:                                  # sampled children outside the top-k: one read for all
+            for (p, t), v in zip(unread, torch.stack([self.probs[p][t] for p, t in unread]).tolist()):
+                self._known[p, t] = v
+        for i, p, t in fed:
+            out[i] = self.prob(p, t)
         return out
 
     def commit(self, path_nodes: np.ndarray) -> None:

@@ -72,9 +72,9 @@ class Cascade(Strategy):
         chain: list[int] = []                       # node ids, in order
         last, value = 0, {0: 1.0}
         while len(chain) < self.kd:
-            tok, v = int(tree.probs[last].argmax()), 0.0    # the draft's own token
+            tok, v = tree.top[last][1][0], 0.0      # the draft's own token
             if pol is not None:
-                q = float(tree.probs[last][tok])
+                q = tree.top[last][0][0]
                 pol.saw_top1(q)
                 v = pol.value(value[last], q)
                 if not pol.worth(v, ahead=self.kd - len(chain) - 1):
@@ -94,7 +94,7 @@ class Cascade(Strategy):
             for kept in fed[1:]:
                 if pol is not None:                  # a kept review token must pay for its verify cost too
                     parent = int(tree.parents[kept])
-                    v = pol.value(value[parent], float(tree.probs[parent][int(tree.tokens[kept])]))
+                    v = pol.value(value[parent], tree.prob(parent, int(tree.tokens[kept])))
                     if not pol.worth(v):
                         tree.alive[kept:tree.size] &= ~tree.anc[kept:tree.size, kept]
                         break

@@ -70,7 +70,7 @@ class DySpec(Strategy):
                 return None
         y = self._draw(st, residual)
         if pol is not None and st.sampling.greedy:          # the draw is the argmax: its own value
-            v = pol.value(value[parent], float(tree.probs[parent][y]))
+            v = pol.value(value[parent], tree.prob(parent, y))
             if not pol.worth(v, ahead):
                 return None
         if pol is not None:
@@ -90,7 +90,7 @@ class DySpec(Strategy):
         tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
         if st.policy is not None:
             st.policy.opened(len(tree.pending))
-            st.policy.saw_top1(float(tree.probs[0].max()))
+            st.policy.saw_top1(tree.top[0][0][0])
         if self.variant == "heap":
             yield from self._heap(st, tree)
         else:
@@ -117,7 +117,7 @@ class DySpec(Strategy):
                 yield from tree.feed(unfed)
                 if pol is not None:
                     for n in unfed:
-                        pol.saw_top1(float(tree.probs[n].max()))
+                        pol.saw_top1(tree.top[n][0][0])
             for neg, _, parent, res in slots:
                 v = -neg
                 if res is None:

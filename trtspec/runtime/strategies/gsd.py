@@ -100,7 +100,7 @@ class GSD(Strategy):
         if not st.will_draft():
             return (yield from st.ar_step())
         t0 = time.perf_counter()
-        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2)
+        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
         path_p = {0: 1.0}                       # cumulative draft probability (budget auto: calibrated)
         if pol is not None:
             pol.opened(len(tree.pending))
@@ -118,12 +118,11 @@ class GSD(Strategy):
                 yield from tree.feed(frontier)
             new = []
             for node in frontier:
-                p = tree.probs[node]
-                top = p.topk(min(self.top_k, p.numel()))
-                p1 = float(top.values[0])
+                probs, toks = tree.top[node]       # read with the forward that fed it
+                p1 = probs[0]
                 if pol is not None:
                     pol.saw_top1(p1)
-                for prob, tok in zip(top.values.tolist(), top.indices.tolist()):
+                for prob, tok in zip(probs, toks):
                     if prob < self.sibling_ratio * p1 or tree.size >= self.max_draft_nodes:
                         continue
                     m = self._match(tree, node, tok, merged)
@@ -158,7 +157,7 @@ class GSD(Strategy):
             for c in dag[g] + merged.get(g, []):
                 if len(plan) > self.nodes:
                     break
-                cv = pol.value(v, float(tree.probs[g][int(tree.tokens[c])])) if pol is not None else 0.0
+                cv = pol.value(v, tree.prob(g, int(tree.tokens[c]))) if pol is not None else 0.0
                 plan.append((i, c, cv))
                 queue.append(len(plan) - 1)
         chosen = list(range(1, len(plan)))

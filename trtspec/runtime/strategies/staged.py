@@ -56,10 +56,8 @@ class Staged(Strategy):
     def _push(self, heap: list, tree: DraftTree, node: int, value: float, pol) -> None:
         """Candidate children of a fed node, keyed by value (max-heap via -value): the cumulative
         draft probability, or with budget auto the calibrated probability of acceptance."""
-        p = tree.probs[node]
-        top = p.topk(min(self.top_k, p.numel()))
+        probs, toks = tree.top[node]               # read with the forward that fed it
         have = set(tree.tokens[tree.children(node)].tolist())
-        probs, toks = top.values.tolist(), top.indices.tolist()
         if pol is not None:
             pol.saw_top1(probs[0])
         for prob, tok in zip(probs, toks):
@@ -72,7 +70,7 @@ class Staged(Strategy):
         if not st.will_draft():
             return (yield from st.ar_step())
         t0 = time.perf_counter()
-        tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1)
+        tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
         if pol is not None:
             pol.opened(len(tree.pending))
         value = {0: 1.0}
@@ -117,7 +115,7 @@ class Staged(Strategy):
                     continue
                 if node not in value:                   # a reviewed stage-2 token
                     parent = int(tree.parents[node])
-                    prob = float(tree.probs[parent][int(tree.tokens[node])])
+                    prob = tree.prob(parent, int(tree.tokens[node]))
                     if pol is not None:
                         v = pol.value(value[parent], prob)
                         if not pol.worth(v):            # kept by the review, but not worth verifying
