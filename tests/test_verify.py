@@ -7,7 +7,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hst
-from torch.overrides import TorchFunctionMode
 
 from conftest import reference_logits
 from trtspec.export.tiny import tiny_spec
@@ -16,8 +15,11 @@ from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.kv_cache import KVCache, KVPool
 from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
+from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import sampling_choice, verify_greedy, verify_sampling
+from trtspec.tools.host_reads import HostReads
+from trtspec.tools.host_reads import count as count_host_reads
 
 V = 8
 
@@ -260,29 +262,6 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
 # Verification stays on the device: one host read per step
 # ---------------------------------------------------------------------------------------------
 
-class HostReads(TorchFunctionMode):
-    """Records every call that brings a tensor's values to the host (on a GPU, each one a sync):
-    scalar and list reads, host copies, and shapes that depend on values (nonzero, bool masks)."""
-    NAMES = {"item", "tolist", "numpy", "cpu", "__array__", "__bool__", "__int__", "__float__", "__index__",
-             "nonzero", "masked_select"}
-
-    def __init__(self):
-        super().__init__()
-        self.reads: list[str] = []
-        self.paused = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if not self.paused and (name in self.NAMES or (name == "__getitem__" and _bool_index(args[1]))):
-            self.reads.append(name)
-        return func(*args, **(kwargs or {}))
-
-
-def _bool_index(index) -> bool:
-    parts = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in parts)
-
-
 def random_tree(data, vocab: int, sampled: bool) -> TokenTree:
     """A random tree whose siblings carry distinct tokens; with `sampled`, a mix of q rows and NaN
     (deterministic) rows."""
@@ -339,19 +318,9 @@ def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
         q[[0, 3]] = float("nan")
     tree = TokenTree([7, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], q)
     reads = HostReads()
-    forward = engine.step_batch
-
-    def uncounted(*args, **kwargs):
-        reads.paused = True
-        try:
-            return forward(*args, **kwargs)
-        finally:
-            reads.paused = False
-
-    monkeypatch.setattr(engine, "step_batch", uncounted)
     walk = verify_mod.sampling_choice                  # the walk as on a GPU (no early exit)
     monkeypatch.setattr(verify_mod, "sampling_choice", lambda *args: walk(*args, early_exit=False))
-    with reads:
+    with reads.uncounted(engine), reads:
         emitted, path = drive(st.verify_and_commit(tree))
     assert reads.reads == ["tolist"]
     assert runner.cache.length == len(prompt) - 1 + len(path) and emitted[:-1] == tree.host_tokens[path[1:]].tolist()
@@ -384,3 +353,12 @@ def test_the_fixed_walk_equals_the_early_exit_walk(data):
     fixed = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=False)
     early = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=True)
     assert fixed.tolist() == early.tolist()
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_every_strategy_verifies_with_one_read_per_step(llama_pair, name):
+    """Through each strategy's own steps (drafting included), greedy and sampled: verification reads
+    the device once per target step (what drafting reads is counted, not bounded: docs/benchmarks.md)."""
+    for sp in (SamplingParams(), SamplingParams(temperature=0.8)):
+        row = count_host_reads(name, sp, llama_pair.target_engine, llama_pair.draft_engine, tokens=12)
+        assert row["steps"] > 0 and row["verify_reads_per_step"] == 1.0, row

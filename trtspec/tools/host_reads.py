@@ -1,0 +1,142 @@
+"""Host reads per target step, by strategy: what verification reads and what drafting reads.
+
+A host read is any call that brings a tensor's values to the host (`.tolist()`, `.item()`,
+`int(t)`, `.cpu()`, `.numpy()`, a value-dependent shape such as `nonzero` or a bool mask): on a
+GPU each one waits for the device. `HostReads` (a torch function mode) counts them; the engines'
+own forwards are not counted (a CUDA graph or TensorRT plan replays them). The count depends on
+the code, not on the device or the weights, so a CPU and a tiny random pair measure it.
+
+    python -m trtspec.tools.host_reads [--tokens 48] [--json out.jsonl]
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from contextlib import contextmanager
+
+import click
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+READS = {"item", "tolist", "numpy", "cpu", "__array__", "__bool__", "__int__", "__float__", "__index__",
+         "nonzero", "masked_select"}
+# Fixed budgets: the counts then depend on the drafting rule alone, not on a policy's choices.
+OPTIONS = {"chain": {"k": 4}, "staged": {"budget": 16}, "dyspec": {"budget": 16}, "gsd": {"budget": 16},
+           "cascade": {"k_draft": 4}}
+
+
+def _bool_index(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in parts)
+
+
+class HostReads(TorchFunctionMode):
+    """Records every host read made while it is active, under the current `phase` (thread-local:
+    count in the thread that runs the steps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: dict[str, Counter] = {}
+        self.phase, self.paused = "all", False
+
+    @property
+    def reads(self) -> list[str]:
+        """Every read so far, by name, in no particular order."""
+        return sorted(sum(self.counts.values(), Counter()).elements())
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if not self.paused and (name in READS or (name == "__getitem__" and _bool_index(args[1]))):
+            self.counts.setdefault(self.phase, Counter())[name] += 1
+        return func(*args, **(kwargs or {}))
+
+    @contextmanager
+    def uncounted(self, *engines):
+        """Leave the engines' forwards out of the count (what a replayed graph does is not ours)."""
+        def wrap(engine):
+            forward = engine.step_batch
+
+            def step_batch(*args, **kwargs):
+                self.paused = True
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    self.paused = False
+            engine.step_batch = step_batch
+        for e in engines:
+            wrap(e)
+        try:
+            yield self
+        finally:
+            for e in engines:
+                del e.step_batch
+
+
+def count(name: str, sampling, target, draft, tokens: int) -> dict:
+    """Reads per target step of strategy `name`, split into verification and drafting."""
+    from ..runtime import verify as verify_mod
+    from ..runtime.decode import DecodeState
+    from ..runtime.runner import ModelRunner, drive
+    from ..runtime.strategies import make_strategy
+
+    strat = make_strategy(name, **OPTIONS.get(name, {}))
+    t_run = ModelRunner.alone(target, 256)
+    d_run = ModelRunner.alone(draft, 256) if strat.needs_draft else None
+    st = DecodeState(t_run, d_run, sampling, torch.Generator().manual_seed(0), np.zeros(256, dtype=np.int64), 0)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    st.append(prompt)
+    drive(t_run.prefill(prompt[:-1]))
+    if d_run is not None:
+        drive(d_run.prefill(prompt[:-1]))
+    reads = HostReads()
+    reads.phase = "draft"
+    step, walk = DecodeState.verify_and_commit, verify_mod.sampling_choice
+
+    def verify_phase(self, *args, **kwargs):
+        reads.phase = "verify"
+        try:
+            return (yield from step(self, *args, **kwargs))
+        finally:
+            reads.phase = "draft"
+    DecodeState.verify_and_commit = verify_phase
+    verify_mod.sampling_choice = lambda *a: walk(*a, early_exit=False)     # the walk as a GPU runs it
+    try:
+        with reads.uncounted(target, draft), reads:
+            while st.length < len(prompt) + tokens:
+                st.append(drive(strat.step(st)))
+    finally:
+        DecodeState.verify_and_commit, verify_mod.sampling_choice = step, walk
+    steps = len(st.steps)
+    per_step = {ph: sum(reads.counts.get(ph, Counter()).values()) / steps for ph in ("verify", "draft")}
+    return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "steps": steps,
+            "tokens": st.length - len(prompt), "verify_reads_per_step": per_step["verify"],
+            "draft_reads_per_step": per_step["draft"],
+            "draft_reads": dict(reads.counts.get("draft", Counter()).most_common(4))}
+
+
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--tokens", default=48, type=click.IntRange(1), help="Tokens to generate per strategy.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write one JSON line per run here.")
+def main(tokens: int, json_path: str | None) -> None:
+    from ..engines.torch_engine import TorchEngine
+    from ..export.tiny import tiny_pair, tiny_spec
+    from ..runtime.sampling import SamplingParams
+    from ..runtime.strategies import STRATEGIES
+
+    target, draft = (TorchEngine(m) for m in tiny_pair(tiny_spec(vocab_size=512), seed=0))
+    rows = [count(name, sp, target, draft, tokens) for name in STRATEGIES
+            for sp in (SamplingParams(), SamplingParams(temperature=0.8))]
+    click.echo(f"{'strategy':<9} {'sampling':<8} {'steps':>5} {'verify reads/step':>18} {'draft reads/step':>17}"
+               "  most common")
+    for r in rows:
+        click.echo(f"{r['strategy']:<9} {r['sampling']:<8} {r['steps']:>5} {r['verify_reads_per_step']:>18.2f} "
+                   f"{r['draft_reads_per_step']:>17.1f}  {r['draft_reads']}")
+    if json_path:
+        with open(json_path, "w") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
