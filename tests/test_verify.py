@@ -17,7 +17,7 @@ from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
-from trtspec.runtime.verify import sampling_choice, verify_greedy, verify_sampling
+from trtspec.runtime.verify import sampling_choice, verify_greedy
 from trtspec.tools.host_reads import HostReads
 from trtspec.tools.host_reads import count as count_host_reads
 

@@ -65,7 +65,11 @@ class Acceptance:
         self.hits = PRIOR * centre
         self.tries = np.full(len(centre), PRIOR)
 
-    def _bins(self, q) -> np.ndarray:
+    def _bins(self, q):
+        """Bin of each q: host values (numpy), or a tensor's, computed where the tensor is."""
+        if isinstance(q, torch.Tensor):
+            edges = torch.as_tensor(EDGES, dtype=torch.float64, device=q.device)
+            return (torch.bucketize(q.double(), edges, right=True) - 1).clamp_(0, len(self.hits) - 1)
         return np.clip(np.searchsorted(EDGES, np.asarray(q, dtype=np.float64), side="right") - 1, 0, len(self.hits) - 1)
 
     def __call__(self, q: float) -> float:
@@ -75,10 +79,8 @@ class Acceptance:
     def expected(self, draw: torch.Tensor, q: torch.Tensor) -> float:
         """E[f(q(y))] for y drawn from `draw`: the value of a sampled child, known before it is drawn.
         Computed where the draft's probabilities are (one read: the result)."""
-        edges = torch.as_tensor(EDGES, dtype=torch.float64, device=q.device)
         rates = torch.as_tensor(self.hits / self.tries, device=q.device)
-        bins = (torch.bucketize(q.double(), edges, right=True) - 1).clamp_(0, len(rates) - 1)   # as _bins
-        return float((draw.double() * rates[bins]).sum())
+        return float((draw.double() * rates[self._bins(q)]).sum())
 
     def update(self, q: np.ndarray, accepted: np.ndarray) -> None:
         b = self._bins(q)

@@ -8,7 +8,7 @@ Qwen2.5 1.5B's attention shape (12 query heads, 2 KV heads, D = 128, fp32), 8 la
 Prints ms per layer in ONNX Runtime (dynamo export, opset 18) and torch eager, 2 threads.
     .venv/bin/python docs/bench/attention-inplace/attention_alone.py
 """
-import math, tempfile, time, sys, torch, numpy as np, onnxruntime as ort
+import math, tempfile, time, torch, numpy as np, onnxruntime as ort
 TMP = tempfile.mkdtemp()
 from torch import nn
 H, KV, D = 12, 2, 128
