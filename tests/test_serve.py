@@ -403,13 +403,15 @@ def test_metrics_match_what_was_sent(server):
     assert after[("trtspec_queue_depth", ())] == 0
 
 
-def test_sigterm_drains_running_requests(folder):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_drains_running_requests(folder, sig):
+    """SIGTERM (an orchestrator) or SIGINT (Ctrl-C): running requests finish, then exit 0."""
     s = Server(folder, "--max-batch", "2")
     c = s.client()
     stream = c.completions.create(model=MODEL, prompt="x", max_tokens=LONG, temperature=0, stream=True,
                                   stream_options={"include_usage": True}, extra_body=spec("ar") | {"ignore_eos": True})
     chunks = [next(iter(stream))]
-    s.proc.send_signal(signal.SIGTERM)
+    s.proc.send_signal(sig)
     chunks += list(stream)
     assert len(chunks) > 20, "the request ended before the signal; nothing was drained"
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == LONG
@@ -538,3 +540,80 @@ def test_busy_port_is_one_line_before_loading(server, folder):
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.returncode == 1 and "Traceback" not in res.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in res.stderr and "loading" not in res.stderr
+
+
+# ---- the server against its own OpenAPI schema; request bodies --------------------------------------
+
+def test_schema_is_true_to_the_server(server):
+    """schemathesis (every operation, every documented field, random and boundary values, all its
+    checks) against the real server: no 500, no hang, every response (errors included) as documented.
+    positive_data_acceptance is left out: a schema-valid request can still be refused for what a
+    schema cannot say (prompt tokens + max_tokens over the KV capacity, stream_options without stream)."""
+    proc = subprocess.run([str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.base}/openapi.json",
+                           "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-examples", "15",
+                           "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-color"],
+                          capture_output=True, text=True, timeout=600)
+    summary = proc.stdout[proc.stdout.find("SUMMARY"):]
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    m = re.search(r"(\d+) generated, (\d+) passed", summary)
+    assert m and int(m.group(1)) == int(m.group(2)) > 100, summary
+
+
+def test_schema_documents_errors_and_metrics_as_served(server):
+    schema = server.get("/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert "422" not in responses and {"400", "401", "404", "408", "413", "429", "503"} <= set(responses)
+        assert responses["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+        assert "text/event-stream" in responses["200"]["content"]
+    assert "text/plain" in schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert server.get("/metrics").headers["content-type"].startswith("text/plain")
+    r = httpx.post(f"{server.url}/completions", content=b"\xff\xfe{", timeout=30,
+                   headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def small_body_server(folder):
+    s = Server(folder, "--max-body-mb", "0.01", "--body-timeout", "2", "--max-batch", "1")
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(small_body_server):
+    s = small_body_server
+    ask = {"model": MODEL, "prompt": "x" * 20000, "max_tokens": 2}
+    r = httpx.post(f"{s.url}/completions", json=ask, timeout=30)            # by its Content-Length
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunks():                                                           # no Content-Length: as it arrives
+        yield b'{"model": "tiny-random", "prompt": "'
+        for _ in range(20):
+            yield b"x" * 1000
+        yield b'"}'
+    r = httpx.post(f"{s.url}/completions", content=chunks(), timeout=30, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+    r = httpx.post(f"{s.url}/completions", json=ask | {"prompt": "def f(x):"}, timeout=30)
+    assert r.status_code == 200
+
+
+def test_a_slow_body_holds_no_slot_and_times_out(small_body_server):
+    """A client that sends its body byte by byte holds a connection, never the one slot: another
+    request is served meanwhile, and the slow one gets 408 once --body-timeout passes."""
+    import socket
+    s = small_body_server
+    host, port = s.base.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "def f(x):", "max_tokens": 2}).encode()
+    slow = socket.create_connection((host, int(port)), timeout=30)
+    slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body[:5])
+    t0 = time.monotonic()
+    r = httpx.post(f"{s.url}/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200 and time.monotonic() - t0 < 2
+    assert s.get("/health").json()["active"] == 0
+    for b in body[5:8]:                                  # still trickling: the deadline counts from the start
+        slow.sendall(bytes([b]))
+        time.sleep(0.3)
+    reply = slow.recv(4096).decode()
+    slow.close()
+    assert reply.startswith("HTTP/1.1 408") and "body_timeout" in reply

@@ -94,3 +94,11 @@ def test_batch_invariance(engines, references, backend):
         ref = references["int4" if backend == "int4" else "fp32"][p]
         assert h.result(timeout=600).token_ids == ref[:n], (backend, s, n)
     assert gen.batchers["target"].rows > gen.batchers["target"].forwards     # steps were shared
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
+def test_run_exits_0_every_time_on_smollm2(engines, backend):
+    """The real model's folders (ONNX Runtime sessions, a self-draft): `trtspec run` exits 0 on every
+    run, the answer streamed and the engines released before exit (tests/test_lifecycle.py: tiny ones)."""
+    from test_lifecycle import assert_clean_exits
+    assert_clean_exits(engines[backend], 5, "--strategy", "staged:budget=6")

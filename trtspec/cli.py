@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from .config import BACKENDS, load_config
-from .errors import TrtspecError
+from .errors import Terminated, TrtspecError
 from .runtime.strategies import STRATEGIES, resolve, split_spec
 
 PLAIN_MAX_NEW_TOKENS = 128     # plain (non-chat) prompts: a completion has no end-of-turn to wait for
@@ -33,6 +33,9 @@ def user_errors(fn):
         except KeyboardInterrupt:
             click.echo("\ninterrupted", err=True)
             sys.exit(130)
+        except Terminated:
+            click.echo("\nterminated", err=True)
+            sys.exit(143)
     return wrapper
 
 
@@ -144,25 +147,26 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     room = room_for(len(ids), strat, cfg.max_seq_len)
     limit = max_new_tokens or (max(1, min(CHAT_MAX_NEW_TOKENS, room)) if chat else PLAIN_MAX_NEW_TOKENS)
     check_capacity(len(ids), limit, strat, cfg.max_seq_len)
-    gen = load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1)   # one request
     kwargs = dict(strategy=strat, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
-    if as_json:
-        result = gen.generate(ids, **kwargs)
-        steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
-                 | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
-        out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
-               "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
-               "steps": steps, "strategy": name, "backend": gen.backend}
-        click.echo(json.dumps(out))
-    else:
-        handle = gen.submit(ids, **kwargs)
-        try:
-            for piece in decode_pieces(tok, handle):
-                click.echo(piece, nl=False)
-        finally:
-            handle.cancel()                      # a no-op once done; Ctrl-C frees the slot
-        click.echo()
-        result = handle.result()
+    # closed on the way out, success or not: the scheduler joined, the engines' sessions released
+    with load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1) as gen:   # one request
+        if as_json:
+            result = gen.generate(ids, **kwargs)
+            steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
+                     | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
+            out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
+                   "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
+                   "steps": steps, "strategy": name, "backend": gen.backend}
+            click.echo(json.dumps(out))
+        else:
+            handle = gen.submit(ids, **kwargs)
+            try:
+                for piece in decode_pieces(tok, handle):
+                    click.echo(piece, nl=False)
+            finally:
+                handle.cancel()                      # a no-op once done; Ctrl-C frees the slot
+            click.echo()
+            result = handle.result()
     if show_tree:
         _render_tree(result, tree_step, tok, show_tree, name)
     if as_json:
@@ -305,6 +309,10 @@ def _engines(engines_dir: str | None, opened, cfg, log):
                    "tree that costs the batch more than it gains). Default: all.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Deadline per request, seconds (a client may ask for a shorter one: extra_body={'timeout': s}).")
+@click.option("--max-body-mb", type=click.FloatRange(0, min_open=True), default=4.0, show_default=True,
+              help="Largest request body, MiB: a larger one gets 413 before it is read or parsed.")
+@click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a request's body may take to arrive (408 after; a slow client never holds a slot).")
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="On SIGTERM / Ctrl-C: seconds running requests get to finish before they are cancelled.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -314,7 +322,7 @@ def _engines(engines_dir: str | None, opened, cfg, log):
               help="uvicorn's log level (info adds an access log line per request).")
 @user_errors
 def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, model_name, strategy,
-          allow_strategies, timeout, drain_timeout, backend, threads, log_level) -> None:
+          allow_strategies, timeout, max_body_mb, body_timeout, drain_timeout, backend, threads, log_level) -> None:
     """Serve the engines over an OpenAI-compatible HTTP API (completions, chat, streaming).
 
     \b
@@ -350,9 +358,11 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     folder, opened = _engines(engines_dir, opened, cfg, log)
     log(f"loading {folder}")
     gen = load_generator(folder, threads=threads, opened=opened, slots=max_batch, max_queue=max_queue)
-    svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
-                  allowed=allowed, backend=gen.backend)
-    run_server(svc, sock, drain_timeout, log, log_level)
+    with gen:                                    # closed after the drain, or if serving fails
+        svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
+                      allowed=allowed, backend=gen.backend, max_body=int(max_body_mb * (1 << 20)),
+                      body_timeout=body_timeout)
+        run_server(svc, sock, drain_timeout, log, log_level)
 
 
 def _render_tree(result, step: int, tok, path: str, strategy: str) -> None:

@@ -17,3 +17,8 @@ class ConfigError(TrtspecError, ValueError):
 
 class RequestError(TrtspecError, ValueError):
     """A request the runtime refuses: empty prompt, bad sampling settings, a strategy it cannot run."""
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised (where a command installs the handler) so that cleanup runs on the way out.
+    A BaseException like KeyboardInterrupt: nothing catches it by accident."""

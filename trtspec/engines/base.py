@@ -45,6 +45,11 @@ class Engine(ABC):
         """One row: input_ids[T], position_ids[T], attn_mask[T, C+T], logit_rows[R] -> logits[R, V]."""
         return self.step_batch([cache], input_ids[None], position_ids[None], attn_mask[None], logit_rows[None])[0]
 
+    def close(self) -> None:
+        """Release native resources (sessions, their thread pools, device buffers) now, in a defined
+        order, rather than whenever interpreter teardown gets to them. Idempotent; a closed engine
+        is not stepped again."""
+
     @staticmethod
     def check_room(caches: list[KVCache], t: int) -> None:
         for cache in caches:

@@ -15,20 +15,31 @@ false`); tensorrt writes the plain ONNX and the plans, and is refused up front w
 GPU is missing. A folder runs the backend it was built for; `trtspec inspect --compare` rebuilds
 the torch reference from the config's source when the folder has no torch weights.
 
-Built in DIR.partial-PID and renamed at the end, so an interrupted build leaves no half folder.
+Atomic and safe to run concurrently: a build holds a lock (`.DIR.lock` beside DIR) for as long as
+it writes, so two builds of one folder run one after the other, and `trtspec run --config` that
+finds the folder built meanwhile uses it instead of building it again. It writes into
+DIR.partial-PID and renames that to DIR only once the manifest is written, so no half folder is ever
+at DIR. SIGINT or SIGTERM removes the partial folder on the way out; after a SIGKILL, the next build
+of DIR removes it (and any `*.partial-PID` beside it whose process is gone).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 import torch
+from filelock import FileLock, Timeout
 from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..config import DTYPES, Config
+from ..errors import Terminated
 from ..options import MAX_STEP_TOKENS
 from ..export.contract import io_spec
 from ..export.model import Decoder
@@ -48,34 +59,121 @@ def _weights(model: Decoder) -> dict[str, torch.Tensor]:
 
 
 def build_engines(cfg: Config, output: str | Path, backend: str | None = None, force: bool = False,
-                  log=click.echo) -> Path:
+                  log=click.echo, reuse: bool = False) -> Path:
+    """Build `cfg` into `output`. `reuse`: an intact folder already there (built by another process
+    while this one waited for the lock) is returned as it is."""
     output = Path(output)
     backend = backend or cfg.backend
     cfg = cfg.with_backend(backend)          # the backend's own config rules, before anything is built
-    if output.exists() and not force:
+    if output.exists() and not force and not reuse:
         raise EngineError(f"{output} already exists; pass --force to replace it or choose another --output")
     if backend == "tensorrt" and (reason := tensorrt_unavailable_reason()):
         raise EngineError(f"cannot build TensorRT plans here: {reason}; build with --backend onnxruntime (or "
                           "torch), or on a machine with TensorRT and a CUDA GPU")
-    tmp = output.with_name(f"{output.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        manifest = _build(cfg, tmp, backend, log)
-        write_manifest(tmp, manifest)
-        if output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    from .load import measure_costs
-    try:
-        measure_costs(output, log=log)      # budget: auto plans with them (costs.json, not hashed)
-    except Exception as e:                  # noqa: BLE001 - the build itself succeeded
-        log(f"step costs not measured ({e}); budget: auto measures them at first use "
-            f"(or: trtspec inspect --engines {output} --measure-costs)")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(output, log), interrupts():
+        if reuse and intact(output):
+            log(f"another build finished {output} meanwhile; using it")
+            return output
+        if output.exists() and not force:
+            raise EngineError(f"{output} already exists; pass --force to replace it or choose another --output")
+        clear_stale(output, log)
+        tmp = output.with_name(f"{output.name}.partial-{os.getpid()}")
+        tmp.mkdir()
+        try:
+            manifest = _build(cfg, tmp, backend, log)
+            write_manifest(tmp, manifest)
+            old = output.with_name(f"{output.name}.old-{os.getpid()}")
+            if output.exists():
+                os.replace(output, old)          # never a half-deleted folder at `output`
+            os.replace(tmp, output)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(output.with_name(f"{output.name}.old-{os.getpid()}"), ignore_errors=True)
+        from .load import measure_costs
+        try:
+            measure_costs(output, log=log)      # budget: auto plans with them (costs.json, not hashed)
+        except Exception as e:                  # noqa: BLE001 - the build itself succeeded
+            log(f"step costs not measured ({e}); budget: auto measures them at first use "
+                f"(or: trtspec inspect --engines {output} --measure-costs)")
     return output
+
+
+def intact(folder: Path) -> bool:
+    from .manifest import verify
+    try:
+        return (folder / "manifest.json").exists() and bool(verify(folder))
+    except EngineError:
+        return False
+
+
+@contextmanager
+def build_lock(output: Path, log):
+    """Hold `.NAME.lock` beside `output` while building it; say so while another build holds it."""
+    lock = FileLock(str(output.with_name(f".{output.name}.lock")))
+    try:
+        lock.acquire(timeout=0.5)
+    except Timeout:
+        log(f"waiting for another build of {output} to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+_STALE = re.compile(r"\.(partial|old)-(\d+)$")
+
+
+def clear_stale(output: Path, log) -> None:
+    """Remove what interrupted builds left beside `output` (called under its lock): its own
+    `.partial-PID` / `.old-PID` folders whatever their PID (no build of it is running), and other
+    folders' whose process is gone."""
+    for p in output.parent.iterdir():
+        m = _STALE.search(p.name)
+        if not (m and p.is_dir()):
+            continue
+        if p.name[:m.start()] == output.name or not _alive(int(m.group(2))):
+            log(f"removing {p}, left by an interrupted build")
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class interrupts:
+    """While building, SIGTERM raises `Terminated` (its default kills the process without unwinding,
+    which would leave the partial folder) and SIGINT raises KeyboardInterrupt, so the cleanup above
+    runs. Both are remembered: an exception a signal caused inside a library (an import it cut
+    short turns into ImportError) still ends the build as that signal, not as a traceback."""
+
+    def __enter__(self):
+        self.received, self.previous = None, {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self.previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        self.received = signum
+        raise self._error()
+
+    def _error(self) -> BaseException:
+        return KeyboardInterrupt() if self.received == signal.SIGINT else Terminated(f"signal {self.received}")
+
+    def __exit__(self, typ, exc, tb) -> bool:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        if self.received is not None and exc is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
+            raise self._error() from None
+        return False
 
 
 def _build(cfg: Config, out: Path, backend: str, log) -> dict:

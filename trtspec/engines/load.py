@@ -17,6 +17,7 @@ from ..export.spec import ModelSpec
 from ..runtime.generator import Generator
 from .base import Engine
 from .manifest import COSTS_FILE, EngineError, verify
+from .memory import fit
 
 
 def cache_root() -> Path:
@@ -34,9 +35,9 @@ def engines_for_config(cfg: Config, log=print, backend: str | None = None) -> Pa
             return folder
         except EngineError as e:
             log(f"cached engines unusable ({e}); rebuilding")
-    folder.parent.mkdir(parents=True, exist_ok=True)
     log(f"building engines for {cfg.name} into {folder} (first use only)")
-    return build_engines(cfg, folder, force=True, log=log)
+    # reuse: another process may finish building the same folder while this one waits for its lock
+    return build_engines(cfg, folder, force=True, log=log, reuse=True)
 
 
 def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
@@ -150,15 +151,20 @@ def measure_costs(folder: str | Path, threads: int | None = None, backend: str |
     target = load_role(folder, "target", manifest, cfg, backend, threads)
     draft = load_role(folder, "draft", manifest, cfg, backend, threads) if "draft" in manifest["models"] else None
     log(f"measuring step costs on this machine ({backend}, {threads or 'default'} threads) for budget: auto")
-    costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.buckets.model_dump(), progress=True,
-                    key=costs_key(cfg, backend, threads))
+    try:
+        costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.buckets.model_dump(),
+                        progress=True, key=costs_key(cfg, backend, threads))
+    finally:
+        for engine in (target, draft):
+            if engine is not None:
+                engine.close()
     costs.save(folder / COSTS_FILE)
     return costs
 
 
 def load_tokenizer(folder: str | Path, manifest: dict):
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(Path(folder) / manifest["tokenizer"]))
+    from ..export.tokenizer import load_tokenizer as load
+    return load(Path(folder) / manifest["tokenizer"], cache=False)
 
 
 def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
@@ -169,6 +175,9 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     folder = Path(folder)
     manifest, cfg, backend = opened or open_folder(folder, backend, config)
     threads = cfg.threads if threads is None else threads
+    slots = slots or cfg.slots
+    if cfg.device == "cpu":
+        fit(folder, manifest, cfg.max_seq_len, slots)      # refused in one line before anything loads
     if threads:
         torch.set_num_threads(threads)
     target = load_role(folder, "target", manifest, cfg, backend, threads)
@@ -176,7 +185,7 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
-                    buckets=cfg.buckets.model_dump(), slots=slots or cfg.slots, max_queue=max_queue)
+                    buckets=cfg.buckets.model_dump(), slots=slots, max_queue=max_queue, owns_engines=True)
     gen.config = cfg
     gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
     if uses_auto(cfg):

@@ -15,7 +15,9 @@ import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import TrtspecError
 from ..export.contract import CONTRACT_VERSION, GRAPH_REVISION
@@ -68,6 +70,50 @@ def write_manifest(folder: Path, content: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
+class _File(BaseModel):
+    sha256: str
+    bytes: Annotated[int, Field(ge=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    spec: dict
+    dtype: Literal["fp32", "fp16", "bf16"]
+    artifacts: dict[str, str]
+
+
+class _Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    contract_version: int
+    graph_revision: int = 1
+    files: dict[str, _File]
+    models: dict[Literal["target", "draft"], _Model]
+    config: dict
+    tokenizer: str
+    stop_ids: list[int] = []
+
+
+def _check_shape(manifest: dict, path: Path, fix: str) -> None:
+    """EngineError unless the manifest has the fields and types the loaders read (a hand-edited or
+    corrupted one must fail here, in one line, not as a KeyError deep in loading)."""
+    from ..export.spec import ModelSpec
+    try:
+        m = _Manifest.model_validate(manifest)
+        if "target" not in m.models:
+            raise ValueError("models has no target")
+        for rel in list(m.files) + [a for model in m.models.values() for a in model.artifacts.values()] + [m.tokenizer]:
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise ValueError(f"path {rel!r} leaves the folder")
+        for model in m.models.values():
+            missing = [a for a in model.artifacts.values() if a not in m.files]
+            if missing:
+                raise ValueError(f"artifact {missing[0]} is not among the hashed files")
+            ModelSpec.from_dict(model.spec)
+    except (ValidationError, ValueError, TypeError, KeyError) as e:
+        why = " ".join(str(e).split())[:300]
+        raise EngineError(f"{path} is malformed ({why}); {fix}") from None
+
+
 def verify(folder: str | Path) -> dict[str, Any]:
     """Return the manifest of an intact engine folder; raise EngineError naming the problem and fix."""
     folder = Path(folder)
@@ -80,11 +126,12 @@ def verify(folder: str | Path) -> dict[str, Any]:
         raise EngineError(f"{folder} has no {MANIFEST}: it is not a trtspec engine folder (or its build did "
                           f"not finish); {fix}")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise EngineError(f"{path} is not valid JSON ({e}); {fix}") from None
-    if manifest.get("format") != FORMAT:
+        manifest = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:          # JSONDecodeError, bad UTF-8, nesting too deep
+        raise EngineError(f"{path} is not valid JSON ({' '.join(str(e).split())[:200]}); {fix}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise EngineError(f"{path} is not a trtspec manifest; {fix}")
+    _check_shape(manifest, path, fix)
     if manifest.get("contract_version") != CONTRACT_VERSION:
         raise EngineError(f"{folder} was built for step contract v{manifest.get('contract_version')}, this "
                           f"trtspec runs v{CONTRACT_VERSION}; {fix}")

@@ -39,6 +39,10 @@ class OrtCudaGraphEngine(Engine):
         self.in_names, self.out_names = io_names(spec.num_layers)
         self.buckets: dict[tuple, tuple[StagedBucket, object, object]] = {}
 
+    def close(self) -> None:
+        self.buckets.clear()                         # bindings (and their captured graphs) before the session
+        self.session = None
+
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
         self.check_room(caches, t)

@@ -66,6 +66,13 @@ class OrtEngine(Engine):
         self._logits = torch.empty(max_logit_rows * spec.vocab_size, dtype=torch.float32, device=self.device)
         self.staging = BatchStaging(spec, self.kv_dtype, self.device)
 
+    def close(self) -> None:
+        # The binding holds the session; the session owns ORT's intra-op thread pool, whose threads
+        # are joined when it is released. Left to interpreter teardown, that release races the
+        # library's own static destructors at exit() (docs/ARCHITECTURE.md, "Shutdown").
+        self.io = self.session = None
+        self.staging = BatchStaging(self.spec, self.kv_dtype, self.device)
+
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), r = input_ids.shape, logit_rows.shape[1]
         c = attn_mask.shape[2] - t

@@ -52,6 +52,11 @@ class TrtEngine(Engine):
         self.max_batch = int(self.engine.get_tensor_profile_shape("input_ids", STEP_PROFILE)[2][0])
         self.buckets: dict[tuple, StagedBucket] = {}
 
+    def close(self) -> None:
+        self.buckets.clear()                         # graphs, then contexts, then the engine
+        self.contexts.clear()
+        self.engine = None
+
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
         self.check_room(caches, t)

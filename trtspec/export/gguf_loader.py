@@ -102,7 +102,9 @@ class GGUFFile:
                 infos.append((name, dims, qtype, rel))
         except SpecError:
             raise
-        except (struct.error, ValueError, UnicodeDecodeError) as e:  # a cut in the header shows up as any of these
+        # a cut or a corrupt length in the header shows up as any of these (lengths are checked against
+        # the file's size before anything is allocated or read, so none of them allocates by a length)
+        except (struct.error, ValueError, UnicodeDecodeError, OverflowError, RecursionError) as e:
             raise _corrupt(path, f"the header cannot be parsed ({e})") from None
         finally:
             self._buf.close()  # only the header is read through it; tensors go through np.memmap
@@ -252,6 +254,22 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{_GLOBAL_NAMES[base]}.{kind}" if base in _GLOBAL_NAMES else None
 
 
+def expected_shape(name: str, spec: ModelSpec) -> tuple[int, ...] | None:
+    """The shape the spec implies for an HF-named weight (None: a layer index past block_count)."""
+    h, d, v, i = spec.hidden_size, spec.head_dim, spec.vocab_size, spec.intermediate_size
+    q, kv = spec.num_heads * d, spec.num_kv_heads * d
+    m = re.match(r"model\.layers\.(\d+)\.(.+)$", name)
+    if m is None:
+        return {"model.embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "model.norm.weight": (h,)}.get(name)
+    if int(m.group(1)) >= spec.num_layers:
+        return (-1,)                        # never matches: a block the metadata does not have
+    return {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+            "self_attn.o_proj.weight": (h, q), "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
+            "self_attn.v_proj.bias": (kv,), "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
+            "mlp.down_proj.weight": (h, i), "input_layernorm.weight": (h,),
+            "post_attention_layernorm.weight": (h,)}.get(m.group(2))
+
+
 def unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's `permute` of q/k rows (weight [heads*D, in] or bias [heads*D]).
 
@@ -278,11 +296,30 @@ def _dequantize(gf: GGUFFile, t: GGUFTensor) -> np.ndarray:
 def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
               threads: int | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
     """(spec, HF-named state dict in `dtype`) for a llama/qwen2 GGUF file."""
+    try:
+        return _load_gguf(path, dtype, threads)
+    except SpecError as e:               # messages about a key or a tensor: say which file too
+        if str(path) in str(e):
+            raise
+        raise SpecError(f"{path}: {e}") from None
+
+
+def _load_gguf(path, dtype, threads):
     gf = GGUFFile(path)
-    spec = spec_from_gguf(gf)
+    try:
+        spec = spec_from_gguf(gf)
+    except SpecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:     # a metadata value of the wrong type or range
+        raise _corrupt(Path(path), f"a metadata value is out of range or of the wrong type ({e})") from None
     permuted = spec.extra["gguf_arch"] == "llama"
     wanted = [(t, hf_name(t.name)) for t in gf.tensors]
     wanted = [(t, name) for t, name in wanted if name is not None]  # e.g. rope_freqs: folded into the spec
+
+    for t, name in wanted:                 # before any data is read: the table must fit the metadata
+        expect = expected_shape(name, spec)
+        if expect is not None and tuple(t.shape) != expect:
+            raise _corrupt(gf.path, f"tensor {t.name} has shape {list(t.shape)}, the metadata implies {list(expect)}")
 
     def convert(item: tuple[GGUFTensor, str]) -> torch.Tensor:
         t, name = item

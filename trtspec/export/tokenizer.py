@@ -21,6 +21,17 @@ _STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|en
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
+def _from_pretrained(folder: Path):
+    """transformers' loader, its failures on malformed files (JSON, vocab, merges, config) as one line."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except Exception as e:      # noqa: BLE001 - json, tokenizers' Rust errors, KeyError, ...: any is a bad file
+        why = " ".join(str(e).split())[:300] or type(e).__name__
+        raise SpecError(f"the tokenizer files in {folder} cannot be loaded ({type(e).__name__}: {why}); restore "
+                        "them from the model's source (or rebuild the engine folder)") from None
+
+
 def _gguf_cache_folder(gguf: Path) -> Path:
     from .packs import cache_dir
 
@@ -39,12 +50,12 @@ def load_tokenizer(path: str | os.PathLike, cache: bool = True):
         if not any((path / f).is_file() for f in _TOKENIZER_FILES):
             raise SpecError(f"{path} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}); download the model's "
                             "tokenizer files into it (or save one with trtspec.export.tokenizer.save_tokenizer)")
-        return AutoTokenizer.from_pretrained(path)
+        return _from_pretrained(path)
     if not path.is_file():
         raise SpecError(f"tokenizer source {path} does not exist; pass a Hugging Face folder or a .gguf file")
     folder = _gguf_cache_folder(path) if cache else None
     if folder is not None and (folder / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(folder)
+        return _from_pretrained(folder)
     from .gguf_loader import GGUFFile
 
     GGUFFile(path)  # clear SpecError for a truncated / non-GGUF file before transformers sees it

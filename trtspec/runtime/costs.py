@@ -22,6 +22,7 @@ describes the machine, not the build.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -49,6 +50,17 @@ class CostTable:
     tokens: list[int]
     cached: list[int]
     seconds: list[list[float]]
+
+    def __post_init__(self) -> None:
+        """ValueError unless a well-formed table (a stored costs.json is read back through here)."""
+        for name, xs in (("tokens", self.tokens), ("cached", self.cached)):
+            if not (isinstance(xs, list) and xs and all(type(x) is int and x >= 0 for x in xs)
+                    and all(a < b for a, b in zip(xs, xs[1:]))):
+                raise ValueError(f"{name} must be increasing non-negative integers")
+        if not (isinstance(self.seconds, list) and len(self.seconds) == len(self.cached) and all(
+                isinstance(row, list) and len(row) == len(self.tokens) and
+                all(type(x) in (int, float) and math.isfinite(x) and x >= 0 for x in row) for row in self.seconds)):
+            raise ValueError("seconds must be a finite non-negative [cached][tokens] grid")
 
     def __call__(self, n: float, c: float = 0.0) -> float:
         rows = [_interp(n, self.tokens, row) for row in self.seconds]
@@ -106,9 +118,11 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
-        if d.get("format") != FORMAT:
+        if d.get("format") != FORMAT or not isinstance(d.get("meta", {}), dict):
             raise ValueError(f"not a {FORMAT} file")
         rows = {role: {int(b): CostTable(**t) for b, t in tables.items()} for role, tables in (d.get("rows") or {}).items()}
+        if any(role not in ("target", "draft") or any(b < 2 for b in t) for role, t in rows.items()):
+            raise ValueError("rows are batched tables of 2 or more rows, per role")
         return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}), rows)
 
     def save(self, path: Path) -> None:
@@ -266,8 +280,8 @@ def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend:
 def load(folder: Path) -> CostModel | None:
     try:
         return CostModel.from_dict(json.loads((Path(folder) / COSTS_FILE).read_text()))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None                # unreadable or malformed: measured again (and rewritten)
 
 
 def fits(costs: CostModel | None, key: dict) -> bool:

@@ -15,8 +15,10 @@ Generator each get exactly their own output.
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from typing import Iterator
 
 import numpy as np
@@ -41,7 +43,8 @@ class Generator:
     def __init__(self, target: Engine, draft: Engine | None = None, tokenizer=None,
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
-                 slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None):
+                 slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None,
+                 owns_engines: bool = False):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
@@ -65,6 +68,10 @@ class Generator:
         self.backend = ""
         self._buckets = buckets
         self._costs_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self.closed = False
+        self.owns_engines = owns_engines     # load_generator's engines are released by close(); given ones are not
+        _open.add(self)
 
     def step_costs(self) -> CostModel:
         """The step costs the budget policy plans with (load_generator gets them before serving)."""
@@ -131,7 +138,36 @@ class Generator:
         return (yield from decode_pieces(self.tokenizer, self.iter_tokens(prompt_ids, **kwargs)))
 
     def close(self) -> None:
+        """Stop: cancel what is queued or running, join the scheduler thread, then (engines it owns,
+        i.e. load_generator's) release the engines' native resources (ONNX Runtime sessions and
+        their thread pools), in that order. Idempotent. Every open Generator is closed this way at
+        interpreter exit too (atexit runs before module teardown), so native threads never outlive
+        the objects that own them."""
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
         self.scheduler.close()
+        if self.owns_engines:
+            for engine in (self.target_engine, self.draft_engine):
+                if engine is not None:
+                    engine.close()
+        _open.discard(self)
+
+    def __enter__(self) -> "Generator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_open: "weakref.WeakSet[Generator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open() -> None:
+    for gen in list(_open):
+        gen.close()
 
 
 def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:

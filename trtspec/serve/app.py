@@ -18,7 +18,9 @@ from importlib.metadata import version
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..export.contract import CONTRACT_VERSION
@@ -27,7 +29,7 @@ from ..runtime.strategies import STRATEGIES
 from ..tools.datasets import Prompt, encode, has_chat_template
 from .jobs import Job, follow, outcome, start
 from .metrics import Metrics
-from .protocol import ApiError, ChatRequest, CompletionRequest, validation_error
+from .protocol import ApiError, ChatRequest, CompletionRequest, error_responses, validation_error
 
 CHARS_PER_TOKEN = 64
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version")
@@ -43,6 +45,8 @@ class Service:
     timeout: float | None = None         # per-request deadline, seconds (a client may ask for less)
     allowed: tuple[str, ...] = tuple(STRATEGIES)   # strategies clients may choose
     backend: str = ""
+    max_body: int = 4 << 20              # request body bytes; larger ones get 413 before they are read
+    body_timeout: float = 30.0           # seconds a request's body may take to arrive (slow clients: 408)
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     draining: bool = False
@@ -63,25 +67,32 @@ def make_app(svc: Service) -> FastAPI:
         svc.gen.close()
 
     app = FastAPI(title="trtspec", version=version("trtspec"), lifespan=lifespan,
-                  description="OpenAI-compatible, lossless speculative decoding")
+                  description="OpenAI-compatible, lossless speculative decoding. Every error is an OpenAI "
+                              "error object; /metrics is Prometheus text.")
     app.add_middleware(Gate, svc=svc)
+    app.openapi = lambda: openapi(app, svc.model)
 
     @app.exception_handler(ApiError)
     async def api_error(request, exc: ApiError):
         return exc.response()
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc: StarletteHTTPException):        # e.g. a body that is not UTF-8 / JSON
+        detail = exc.detail if isinstance(exc.detail, str) else "bad request"
+        return ApiError(exc.status_code, detail[:1].lower() + detail[1:], headers=exc.headers).response()
+
     @app.exception_handler(RequestValidationError)
     async def bad_body(request, exc: RequestValidationError):
         return validation_error(exc.errors()).response()
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATE)
     async def completions(body: CompletionRequest, request: Request):
         check_model(svc, body.model)
         prompt = body.prompt_input()
         ids = prompt if isinstance(prompt, list) else svc.tokenizer(check_size(svc, prompt, "prompt"))["input_ids"]
         return await respond(svc, body, start(svc, body, list(ids)), request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATE)
     async def chat(body: ChatRequest, request: Request):
         check_model(svc, body.model)
         if not has_chat_template(svc.tokenizer):
@@ -94,32 +105,66 @@ def make_app(svc: Service) -> FastAPI:
             raise ApiError(400, f"the model's chat template refused these messages: {e}", param="messages")
         return await respond(svc, body, start(svc, body, ids), request, chat=True)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses(401, 503))
     async def models():
         return {"object": "list", "data": [model_card(svc)]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", responses=error_responses(401, 404, 503))
     async def model(name: str):
         check_model(svc, name)
         return model_card(svc)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "draining (the same body, status draining)"}})
     async def health():
         s = svc.gen.scheduler
         body = {"status": "draining" if svc.draining else "ok", "slots": len(s.slots), "active": s.busy_slots,
                 "queued": len(s.waiting)}
         return JSONResponse(body, status_code=503 if svc.draining else 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(401))
     async def metrics():
         return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/version")
+    @app.get("/version", responses=error_responses(401))
     async def version_():
         return {"trtspec": version("trtspec"), "contract_version": CONTRACT_VERSION, "backend": svc.backend,
                 "model": svc.model, "strategies": list(svc.allowed), "default_strategy": svc.strategy}
 
     return app
+
+
+# Generation endpoints: JSON, or server-sent events with `stream: true`; every error an OpenAI error object.
+GENERATE = {200: {"description": "the completion (JSON), or with stream: true its chunks as server-sent events",
+                  "content": {"application/json": {}, "text/event-stream": {"schema": {
+                      "type": "object", "required": ["data"],
+                      "properties": {"data": {"type": "string", "description": "a JSON chunk, or [DONE]"}}}}}},
+            **error_responses(400, 401, 404, 408, 413, 429, 500, 503)}
+
+
+def openapi(app: FastAPI, model: str) -> dict:
+    """FastAPI's schema, true to this server: bad bodies are 400 OpenAI errors (our handler), never
+    FastAPI's 422 validation object, so that status and its schemas are dropped; `model` is the one
+    served (any other is a 404)."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for ops in schema.get("paths", {}).values():
+            for op in ops.values():
+                op.get("responses", {}).pop("422", None)
+                for param in op.get("parameters", []):
+                    if param["name"] == "name":
+                        param["schema"] = {"type": "string", "enum": [model]}
+        components = schema.get("components", {}).get("schemas", {})
+        for name in ("HTTPValidationError", "ValidationError"):
+            components.pop(name, None)
+        for name in ("CompletionRequest", "ChatRequest"):
+            props, required = components[name]["properties"], set(components[name].get("required", []))
+            for key, prop in props.items():          # an explicit null means "not given" (as OpenAI's)
+                if key not in required and not any(p.get("type") == "null" for p in prop.get("anyOf", [])):
+                    props[key] = {"anyOf": [{k: v for k, v in prop.items() if k not in ("title", "default")},
+                                            {"type": "null"}], **{k: prop[k] for k in ("title", "default") if k in prop}}
+            props["model"] = {"type": "string", "enum": [model], "title": "Model"}
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def check_size(svc: Service, text: str, param: str) -> str:
@@ -238,12 +283,47 @@ class Gate:
 
         try:
             refusal = self.refusal(scope, path)
+            if refusal is None and scope["method"] in ("POST", "PUT", "PATCH"):
+                refusal, receive = await self.whole_body(scope, receive)
             if refusal is not None:
                 await refusal.response()(scope, receive, counted)
             else:
                 await self.app(scope, receive, counted)
         finally:
             self.svc.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    async def whole_body(self, scope, receive):
+        """Read the body before the app sees it: over `max_body` bytes (by its Content-Length, before
+        reading anything, or as it arrives) is a 413, not arriving within `body_timeout` a 408. A
+        slow client so holds a connection for at most that long, and never a slot (requests take
+        one only once parsed). Returns (refusal or None, a receive that replays the body)."""
+        limit = self.svc.max_body
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            return ApiError(413 if declared.isdigit() else 400, f"the request body is over the server's limit of "
+                            f"{limit} bytes" if declared.isdigit() else "bad Content-Length header",
+                            code="request_too_large" if declared.isdigit() else None), receive
+        loop = asyncio.get_running_loop()
+        deadline, size, messages = loop.time() + self.svc.body_timeout, 0, []
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except asyncio.TimeoutError:
+                return ApiError(408, f"the request body did not arrive within {self.svc.body_timeout:g} s",
+                                code="body_timeout"), receive
+            messages.append(message)
+            if message["type"] != "http.request":
+                break                                # a disconnect: the app sees it
+            size += len(message.get("body", b""))
+            if size > limit:
+                return ApiError(413, f"the request body is over the server's limit of {limit} bytes",
+                                code="request_too_large"), receive
+            if not message.get("more_body"):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+        return None, replay
 
     def refusal(self, scope, path: str) -> ApiError | None:
         if path == "/health":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256          # per stop string: the hold-back check runs on every step
@@ -22,7 +22,8 @@ class ApiError(Exception):
     """An error answered as OpenAI's `{"error": {message, type, param, code}}` with an HTTP status."""
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             408: "timeout_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable"}
+             408: "timeout_error", 413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+             503: "service_unavailable"}
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
@@ -43,7 +44,7 @@ class ApiError(Exception):
 class Speculative(BaseModel):
     """`{"strategy": "staged", "budget": 24, "stats": true}`: the strategy, its options, and whether
     the answer carries speculation statistics. Options not given come from the server's config."""
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     strategy: str | None = None
     stats: bool = False
 
@@ -52,7 +53,7 @@ class Speculative(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
 
 
@@ -65,7 +66,8 @@ _NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logpro
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict: a JSON 0 is not a boolean, "5" is not a number (the schema says which type each field is)
+    model_config = ConfigDict(extra="allow", strict=True)
     model: str
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2, allow_inf_nan=False)   # OpenAI's default and range
@@ -75,7 +77,7 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})      # checked in _supported (its message)
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)       # extension: seconds
     ignore_eos: bool = False                                              # extension (as vLLM's): benchmarks
     speculative: Speculative | None = None
@@ -122,7 +124,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]      # token ids: ints, never coerced bools
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt, as text or token ids."""
@@ -137,13 +139,13 @@ class CompletionRequest(_Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     type: Literal["text"]
     text: str
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")       # tool_calls etc.: refused, not dropped
+    model_config = ConfigDict(extra="forbid", strict=True)   # tool_calls etc.: refused, not dropped
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None                          # accepted; chat templates do not use it
@@ -183,3 +185,25 @@ def validation_error(errors: list[dict]) -> ApiError:
     value = err.get("input")
     shown = "" if err.get("type") == "missing" or isinstance(value, dict) else f" (got {value!r:.60})"
     return ApiError(400, f"{param or 'body'}: {err['msg']}{shown}", param=param)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error this server answers (OpenAI's error object), for the OpenAPI schema."""
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict:
+    """FastAPI `responses=` documenting these statuses as OpenAI error objects."""
+    why = {400: "a bad field (named in `param`), or prompt + max_tokens over the KV capacity",
+           401: "missing or wrong API key", 404: "unknown model", 408: "the request's deadline passed, or its "
+           "body did not arrive in time", 413: "the request body is larger than the server's limit",
+           429: "too many requests already wait for a slot (see Retry-After)", 499: "the client disconnected",
+           500: "an internal error", 503: "the server is shutting down"}
+    return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}

@@ -4,7 +4,7 @@ The port opens only once the engines are loaded and have run `ar` and the defaul
 calls pay one-off costs: ONNX Runtime's allocations, torch's kernels). SIGTERM or Ctrl-C drains: the
 listening socket closes, /health and new API calls answer 503, running requests finish (at most
 `drain_timeout` seconds, after which they are cancelled), then the scheduler stops and the process
-exits (status 0 after SIGTERM; 130, "interrupted", after Ctrl-C).
+exits with status 0 (after SIGTERM or Ctrl-C alike: a drained server has succeeded).
 """
 from __future__ import annotations
 
@@ -63,13 +63,15 @@ def serve(svc: Service, sock: socket.socket, drain_timeout: float, log, log_leve
     shown = f"[{host}]" if ":" in host else host
     log(f"serving {svc.model!r} ({svc.backend}, default strategy {svc.strategy}, {len(svc.gen.slots)} slots) "
         f"on http://{shown}:{port}/v1")
-    # uvicorn drains on SIGTERM, then raises the signal again for the handler it found: make that a
-    # no-op, so a drained server exits with status 0 instead of being killed by the re-raised signal.
+    # uvicorn drains on SIGTERM / SIGINT, then raises the signal again for the handler it found: make
+    # those no-ops, so a drained server exits with status 0 instead of being killed (SIGTERM) or
+    # interrupted (SIGINT) by the re-raised signal.
     main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda *_: None) if main else None
+    sigs = (signal.SIGTERM, signal.SIGINT) if main else ()
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in sigs}
     try:
         _Server(config, svc).run(sockets=[sock])
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     log("stopped")

@@ -230,6 +230,7 @@ class Bench:
     def close(self) -> None:
         if "llama.cpp" in self.peers:
             self.peers["llama.cpp"].close()
+        self.gen.close()
 
     def fits(self, ids: list[int]) -> bool:
         return len(ids) + self.opts.max_new_tokens + self.max_tree <= self.gen.capacity
@@ -515,8 +516,13 @@ def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int],
                  log) -> dict:
     """`bench --concurrency`: see tools/bench_concurrency.py."""
     from ..engines.load import load_generator
+    with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels)) as gen:
+        return _concurrency_loaded(gen, folder, opts, out, levels, threads, cfg, command, log)
+
+
+def _concurrency_loaded(gen, folder: Path, opts: BenchOptions, out: Path, levels: list[int], threads, cfg, command,
+                        log) -> dict:
     from .bench_concurrency import concurrency_bench, write_concurrency_report
-    gen = load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels))
     if cfg is not None:
         gen.strategy_options = cfg.strategies
     if opts.plan_costs:

@@ -74,10 +74,13 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
         except Exception as e:                    # a backend that cannot run this folder here
             lines.append(f"{backend:<12} skipped: {e}")
             continue
-        runner = ModelRunner.alone(engine, capacity=len(prompt) + len(tree) + 8)
-        drive(runner.prefill(prompt))
-        results[backend] = drive(runner.verify(tree)).float().clone()
-        lines.append(f"{backend:<12} " + _invariance(runner, tree, results[backend]))
+        try:
+            runner = ModelRunner.alone(engine, capacity=len(prompt) + len(tree) + 8)
+            drive(runner.prefill(prompt))
+            results[backend] = drive(runner.verify(tree)).float().clone()
+            lines.append(f"{backend:<12} " + _invariance(runner, tree, results[backend]))
+        finally:
+            engine.close()
     ref = results.get("torch")
     quant = info.get("quantize", {}).get("mode")
     for backend, logits in results.items():

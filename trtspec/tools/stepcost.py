@@ -62,14 +62,17 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_d
         engine = load_role(Path(engines_dir), role, manifest, cfg, backend, threads, profile_prefix=prefix)
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
-    runner = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=cfg.buckets.model_dump())
-    for row in step_costs(runner, sizes, cached, repeats):
-        click.echo(json.dumps({"role": role, "backend": backend, "threads": threads, "cached": cached, **row}))
-    if profile_dir:
-        from .ort_profile import op_times, table
-        trace = engine.session.end_profiling()
-        click.echo(f"ORT profile: {trace} ({repeats} steps per T; ms per step by op type)")
-        click.echo(table(op_times(trace, sizes, repeats)))
+    try:
+        runner = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=cfg.buckets.model_dump())
+        for row in step_costs(runner, sizes, cached, repeats):
+            click.echo(json.dumps({"role": role, "backend": backend, "threads": threads, "cached": cached, **row}))
+        if profile_dir:
+            from .ort_profile import op_times, table
+            trace = engine.session.end_profiling()
+            click.echo(f"ORT profile: {trace} ({repeats} steps per T; ms per step by op type)")
+            click.echo(table(op_times(trace, sizes, repeats)))
+    finally:
+        engine.close()
 
 
 if __name__ == "__main__":

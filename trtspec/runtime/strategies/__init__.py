@@ -47,8 +47,9 @@ def resolve(spec: str, configured: dict[str, dict]) -> tuple[str, dict]:
     return name, {**(configured.get(name) or {}), **overrides}
 
 
-def make_strategy(name: str, **options) -> Strategy:
-    """The strategy `name` with `options` (checked: a bad one is a ConfigError naming it)."""
+def make_strategy(name: str, /, **options) -> Strategy:
+    """The strategy `name` with `options` (checked: a bad one is a ConfigError naming it; an option
+    called `name` too, positional-only as `name` is)."""
     if name not in STRATEGIES:
         raise ConfigError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
     return STRATEGIES[name](**options)
