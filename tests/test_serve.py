@@ -544,7 +544,7 @@ def test_busy_port_is_one_line_before_loading(server, folder):
 
 # ---- the server against its own OpenAPI schema; request bodies --------------------------------------
 
-def test_schema_is_true_to_the_server(server):
+def test_schema_is_true_to_the_server(server, tmp_path):
     """schemathesis (every operation, every documented field, random and boundary values, all its
     checks) against the real server: no 500, no hang, every response (errors included) as documented.
     positive_data_acceptance is left out: a schema-valid request can still be refused for what a
@@ -552,7 +552,7 @@ def test_schema_is_true_to_the_server(server):
     proc = subprocess.run([str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.base}/openapi.json",
                            "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-examples", "15",
                            "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-color"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)   # its cache goes there
     summary = proc.stdout[proc.stdout.find("SUMMARY"):]
     assert proc.returncode == 0, proc.stdout[-6000:]
     m = re.search(r"(\d+) generated, (\d+) passed", summary)
