@@ -52,6 +52,12 @@ def test_run_exits_0_every_time(folders, backend):
     assert_clean_exits(folders[backend], 6, "--strategy", "chain")
 
 
+def test_inspect_exits_0(folders):
+    res = cli("inspect", "--engines", str(folders["onnxruntime"]), "--compare")
+    assert res.returncode == 0 and "terminate called" not in res.stderr, res.stderr[-2000:]
+    assert "onnxruntime" in res.stdout
+
+
 EMBED = textwrap.dedent("""
     import os, sys
     from trtspec.engines.load import load_generator

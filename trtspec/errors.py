@@ -6,9 +6,17 @@ keep working.
 """
 from __future__ import annotations
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
 
 class TrtspecError(Exception):
-    """A problem the user can fix; the message names it and the fix."""
+    """A problem the user can fix; the message names it and the fix. One line, always: control
+    characters a message quotes from a file (a tensor name, a key) are shown escaped."""
+
+    def __init__(self, message: object = "", *args: object):
+        super().__init__(_CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}", str(message)), *args)
 
 
 class ConfigError(TrtspecError, ValueError):

@@ -24,6 +24,27 @@ sys.path[:0] = [str(HERE), str(HERE.parents[1])]
 import harnesses  # noqa: E402
 
 
+class TooSlow(Exception):
+    """An input that took longer than the deadline: a hang is a crash too (kept as an artifact)."""
+
+
+def with_deadline(fn, seconds: int):
+    """`fn` under a SIGALRM deadline that raises TooSlow (atheris then saves the input like any crash)."""
+    import signal
+
+    def alarm(signum, frame):
+        raise TooSlow(f"one input took over {seconds} s")
+
+    def run(data: bytes) -> None:
+        signal.signal(signal.SIGALRM, alarm)
+        signal.alarm(seconds)
+        try:
+            fn(data)
+        finally:
+            signal.alarm(0)
+    return run
+
+
 def fuzz_one(target: str, seconds: int, rss_mb: int, seed: int) -> None:
     """In this process: seed a corpus, then hand over to libFuzzer (it exits the process)."""
     import atheris
@@ -36,9 +57,9 @@ def fuzz_one(target: str, seconds: int, rss_mb: int, seed: int) -> None:
         (corpus / f"seed{i}").write_bytes(data)
     crashes = harnesses.CRASHES / target
     crashes.mkdir(parents=True, exist_ok=True)
-    fn = harnesses.TARGETS[target]
+    fn = with_deadline(harnesses.TARGETS[target], seconds=10)
     atheris.Setup([sys.argv[0], str(corpus), f"-max_total_time={seconds}", f"-rss_limit_mb={rss_mb}",
-                   "-timeout=20", f"-artifact_prefix={crashes}/", "-print_final_stats=1"]
+                   f"-artifact_prefix={crashes}/", "-print_final_stats=1"]
                   + ([f"-seed={seed}"] if seed else []), fn)
     atheris.Fuzz()
 

@@ -107,7 +107,7 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
         cfg = config
     backend = backend or manifest.get("backend") or cfg.backend
     if backend not in BACKEND_ARTIFACTS:
-        raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKEND_ARTIFACTS)}")
+        raise EngineError(f"{folder}: unknown backend {backend!r}; choose one of {', '.join(BACKEND_ARTIFACTS)}")
     cfg = cfg.with_backend(backend)              # the backend's own config rules, checked again
     check_runnable(cfg)
     for role, info in manifest["models"].items():

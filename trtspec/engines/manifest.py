@@ -86,6 +86,7 @@ class _Manifest(BaseModel):
     model_config = ConfigDict(extra="allow")
     contract_version: int
     graph_revision: int = 1
+    backend: Literal["torch", "onnxruntime", "tensorrt"] | None = None
     files: dict[str, _File]
     models: dict[Literal["target", "draft"], _Model]
     config: dict
@@ -141,7 +142,9 @@ def verify(folder: str | Path) -> dict[str, Any]:
     cache_path = folder / VERIFIED
     try:
         seen = json.loads(cache_path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
+        seen = {}
+    if not isinstance(seen, dict):           # a damaged cache of verified hashes: hash again
         seen = {}
     changed = False
     for rel, info in manifest.get("files", {}).items():

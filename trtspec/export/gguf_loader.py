@@ -240,6 +240,8 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     )
     if "rope_freqs.weight" in shapes and rope_scaling is None:
         t = next(t for t in gf.tensors if t.name == "rope_freqs.weight")
+        if t.shape != (spec.head_dim // 2,):       # checked before the rope tables (head_dim-sized) are made
+            raise _corrupt(gf.path, f"rope_freqs has shape {list(t.shape)}, the metadata implies [{spec.head_dim // 2}]")
         spec.rope_scaling = _llama3_rope_from_factors(spec, _dequantize(gf, t).astype(np.float64))
     return spec
 
@@ -310,7 +312,7 @@ def _load_gguf(path, dtype, threads):
         spec = spec_from_gguf(gf)
     except SpecError:
         raise
-    except (TypeError, ValueError, OverflowError) as e:     # a metadata value of the wrong type or range
+    except (TypeError, ValueError, ArithmeticError) as e:   # a metadata value of the wrong type or range (0 heads)
         raise _corrupt(Path(path), f"a metadata value is out of range or of the wrong type ({e})") from None
     permuted = spec.extra["gguf_arch"] == "llama"
     wanted = [(t, hf_name(t.name)) for t in gf.tensors]

@@ -6,6 +6,7 @@ embeddings, rope scaling), so the decoder is one class and the loaders fill this
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,15 @@ class ModelSpec:
             raise SpecError(
                 f"unsupported architecture {self.arch!r}: trtspec supports {', '.join(SUPPORTED_ARCHS)} "
                 "decoder-only models; convert the checkpoint to one of them or pick another model")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            try:
+                ok = operator.index(value) >= 1 and not isinstance(value, bool)
+            except TypeError:
+                ok = False
+            if not ok:
+                raise SpecError(f"model {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise SpecError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
 
