@@ -14,14 +14,19 @@ replays the seeds and every crash found so far, and runs each target briefly.
 """
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from trtspec.errors import TrtspecError
 
-WORK = Path(tempfile.mkdtemp(prefix="trtspec-fuzz-"))   # one scratch folder per process, rewritten per input
+# One scratch folder per process, rewritten per input: run.py's (it removes it), else our own.
+WORK = Path(os.environ.get("TRTSPEC_FUZZ_WORK") or tempfile.mkdtemp(prefix="trtspec-fuzz-"))
+if "TRTSPEC_FUZZ_WORK" not in os.environ:
+    atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 TEMPLATE = WORK / "template"                            # a real (tiny, torch) engine folder, built once
 
 

@@ -52,7 +52,8 @@ def fuzz_one(target: str, seconds: int, rss_mb: int, seed: int) -> None:
     with atheris.instrument_imports(include=["trtspec"]):     # coverage of our parsers, not of torch
         for name in harnesses.MODULES[target]:
             __import__(name)
-    corpus = Path(tempfile.mkdtemp(prefix=f"trtspec-fuzz-{target}-"))
+    corpus = harnesses.WORK / "corpus"           # WORK: the parent's folder, removed when this child ends
+    corpus.mkdir()
     for i, data in enumerate(harnesses.seed_inputs()[target]):
         (corpus / f"seed{i}").write_bytes(data)
     crashes = harnesses.CRASHES / target
@@ -79,9 +80,10 @@ def main() -> int:
     for target in harnesses.TARGETS if a.target == "all" else [a.target]:
         before = set((harnesses.CRASHES / target).glob("*"))
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, __file__, target, "--seconds", str(a.seconds), "--rss-mb",
-                               str(a.rss_mb), "--seed", str(a.seed), "--child"], capture_output=True, text=True,
-                              env={**os.environ, "TRTSPEC_CACHE": str(Path(tempfile.gettempdir()) / "trtspec-fuzz-cache")})
+        with tempfile.TemporaryDirectory(prefix=f"trtspec-fuzz-{target}-") as work:
+            proc = subprocess.run([sys.executable, __file__, target, "--seconds", str(a.seconds), "--rss-mb",
+                                   str(a.rss_mb), "--seed", str(a.seed), "--child"], capture_output=True, text=True,
+                                  env={**os.environ, "TRTSPEC_FUZZ_WORK": work, "TRTSPEC_CACHE": work + "/cache"})
         runs = [int(line.rsplit(":", 1)[1]) for line in proc.stderr.splitlines() if line.startswith("stat::number_of_executed_units")]
         new = sorted(str(p) for p in set((harnesses.CRASHES / target).glob("*")) - before)
         if proc.returncode != 0 or new:
