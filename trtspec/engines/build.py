@@ -45,7 +45,7 @@ from ..export.contract import io_spec
 from ..export.model import Decoder
 from ..export.sources import load_model, load_tokenizer_for
 from ..runtime.batch import MAX_BATCH_TOKENS
-from .manifest import EngineError, write_manifest
+from .manifest import EngineError, verify, write_manifest
 from .tensorrt_build import build_plan, tensorrt_unavailable_reason
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
@@ -100,7 +100,6 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
 
 
 def intact(folder: Path) -> bool:
-    from .manifest import verify
     try:
         return (folder / "manifest.json").exists() and bool(verify(folder))
     except EngineError:

@@ -68,10 +68,9 @@ class OrtEngine(Engine):
 
     def close(self) -> None:
         # The binding holds the session; the session owns ORT's intra-op thread pool, whose threads
-        # are joined when it is released. Left to interpreter teardown, that release races the
-        # library's own static destructors at exit() (docs/ARCHITECTURE.md, "Shutdown").
-        self.io = self.session = None
-        self.staging = BatchStaging(self.spec, self.kv_dtype, self.device)
+        # are joined when it is released: here, in the order Generator.close() chooses, not in
+        # whatever order interpreter teardown reaches them (docs/ARCHITECTURE.md, process lifecycle).
+        self.io = self.session = self.staging = self._logits = None
 
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), r = input_ids.shape, logit_rows.shape[1]

@@ -257,7 +257,8 @@ def hf_name(gguf_name: str) -> str | None:
 
 
 def expected_shape(name: str, spec: ModelSpec) -> tuple[int, ...] | None:
-    """The shape the spec implies for an HF-named weight (None: a layer index past block_count)."""
+    """The shape the spec implies for an HF-named weight: None for a name it does not know, a shape
+    nothing has for a layer index past block_count."""
     h, d, v, i = spec.hidden_size, spec.head_dim, spec.vocab_size, spec.intermediate_size
     q, kv = spec.num_heads * d, spec.num_kv_heads * d
     m = re.match(r"model\.layers\.(\d+)\.(.+)$", name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_STOPS = 4
 MAX_STOP_CHARS = 256          # per stop string: the hold-back check runs on every step
@@ -124,7 +124,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]      # token ids: ints, never coerced bools
+    prompt: str | list[int] | list[str] | list[list[int]]      # strict: token ids are ints, never coerced bools
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt, as text or token ids."""
@@ -204,6 +204,5 @@ def error_responses(*statuses: int) -> dict:
     why = {400: "a bad field (named in `param`), or prompt + max_tokens over the KV capacity",
            401: "missing or wrong API key", 404: "unknown model", 408: "the request's deadline passed, or its "
            "body did not arrive in time", 413: "the request body is larger than the server's limit",
-           429: "too many requests already wait for a slot (see Retry-After)", 499: "the client disconnected",
-           500: "an internal error", 503: "the server is shutting down"}
+           429: "too many requests already wait for a slot (see Retry-After)", 500: "an internal error", 503: "the server is shutting down"}
     return {s: {"model": ErrorResponse, "description": why[s]} for s in statuses}
