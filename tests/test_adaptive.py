@@ -1,4 +1,4 @@
-"""budget: auto (runtime/adaptive.py) and the step costs it plans with (runtime/costs.py).
+"""budget: auto (runtime/budget/) and the step costs it plans with (runtime/costs.py).
 
 The policy on synthetic costs and acceptance: ar (budget 0) when drafts are never accepted; a large
 tree when acceptance is high and verification is flat (GPU-like); a small one when each verified
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from conftest import CPU_LIKE, GPU_LIKE
-from trtspec.config import load_config
-from trtspec.engines.build import build_engines
-from trtspec.runtime.adaptive import Acceptance, AutoBudget, BatchView
+from trtspec.assembly.config import load_config
+from trtspec.assembly.build import build_engines
+from trtspec.runtime.budget import Acceptance, AutoBudget, BatchView
 from trtspec.runtime.costs import COSTS_FILE, CostModel, CostTable, fits, load
 from trtspec.runtime.strategies import STRATEGIES, make_strategy
 
@@ -153,7 +153,7 @@ def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
             pol.draft_forward(1)
             for _ in range(4):
                 pol.add(pol.value(1.0, 0.9))
-            pol.observe(5, np.array([0]), np.array([-1, 0, 1, 2, 3]), np.array([np.nan, .9, .9, .9, .9]), 1, 0.2)
+            pol.observe(5, np.array([0]), np.array([-1, 0, 1, 2, 3]), lambda: np.array([np.nan, .9, .9, .9, .9]), 1, 0.2)
         else:
             rec = pol.observe(1, np.array([0]), np.array([-1]), None, 1, 0.17)
             assert rec["budget"] == 0 and rec["predicted_gain"] == 1.0
@@ -233,20 +233,20 @@ def test_batch_forwards_are_costed_padded_and_the_draft_joins_its_round():
     view.observe({r: (2, 1.5) for r in range(1, 9)}, [{r: 2 for r in range(1, 9)}, {r: 10 for r in range(1, 9)}])
     pol = AutoBudget(CPU, max_nodes=64, batch=view, request=8)          # request 8's own entries are not neighbours
     pol.begin(0)
-    assert pol.verify_s(0) == pytest.approx(CPU.target(8 * 2))          # my root row pads to 2 like theirs
-    assert pol.verify_s(7) == pytest.approx(CPU.target(8 * 8))          # a tree of 8 pads every row to 8
+    assert pol.costs.verify_s(0) == pytest.approx(CPU.target(8 * 2))          # my root row pads to 2 like theirs
+    assert pol.costs.verify_s(7) == pytest.approx(CPU.target(8 * 8))          # a tree of 8 pads every row to 8
     assert pol.draft_s == pytest.approx(CPU.draft(7 * 2) + CPU.draft(7 * 10))   # their draft time, before mine
     pol.draft_forward(2)                                                # round 0: joins theirs
     pol.draft_forward(4)                                                # round 1: within their 10, padded
     pol.draft_forward(3)                                                # round 2: nobody else: alone
     assert pol.draft_s == pytest.approx(CPU.draft(8 * 2) + CPU.draft(8 * 10) + CPU.draft(3))
-    assert pol.all_ar_rate() == pytest.approx(8 / CPU.target(8))        # the batch if everyone took ar
+    assert pol.costs.all_ar_rate() == pytest.approx(8 / CPU.target(8))        # the batch if everyone took ar
     alone = AutoBudget(CPU, max_nodes=64)
     alone.begin(0)
     alone.draft_forward(3)
-    assert alone.draft_s == pytest.approx(CPU.draft(3)) and alone.verify_s(4) == pytest.approx(CPU.target(5))
+    assert alone.draft_s == pytest.approx(CPU.draft(3)) and alone.costs.verify_s(4) == pytest.approx(CPU.target(5))
     view.forget(3)                                                      # a neighbour ended: out of the view
-    assert pol.verify_s(0) == pytest.approx(CPU.target(7 * 2)) and 3 not in view.draft[0]
+    assert pol.costs.verify_s(0) == pytest.approx(CPU.target(7 * 2)) and 3 not in view.draft[0]
 
 
 def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
@@ -259,7 +259,7 @@ def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
     pol.draft_forward(2)
     for _ in range(5):
         pol.add(pol.value(1.0, 0.6))
-    rec = pol.observe(6, np.array([0, 1]), np.array([-1, 0, 1, 2, 3, 4]), np.full(6, 0.6), 2, 1.0)
+    rec = pol.observe(6, np.array([0, 1]), np.array([-1, 0, 1, 2, 3, 4]), lambda: np.full(6, 0.6), 2, 1.0)
     # with the neighbours' 2 tokens each, the batch makes 3 * 2 + 2 = 8 tokens per iteration of
     # 2 draft forwards + a target forward over 4 rows of 4-6 tokens: fewer per second than 4 ar rows
     assert rec["modelled_gain"] < 1 and not pol.begin(0)
@@ -279,7 +279,7 @@ def test_batched_forwards_use_the_measured_row_tables():
     assert back.forward("target", [1] * 5) == m.forward("target", [1] * 5) and back.rows["target"][8].tokens == [1]
     pol = AutoBudget(m, max_nodes=8, batch=BatchView({1: (1, 1.0)}, []), request=2)
     pol.begin(0)
-    assert pol.all_ar_s() == 1.5 and pol.verify_s(3) == pytest.approx(rows[2](4))
+    assert pol.costs.all_ar_s() == 1.5 and pol.costs.verify_s(3) == pytest.approx(rows[2](4))
 
 
 def test_cost_table_interpolates_and_extrapolates():
@@ -362,7 +362,7 @@ def test_costs_stored_listed_and_not_hashed(tiny_folder):
     from click.testing import CliRunner
 
     from trtspec.cli import main
-    from trtspec.engines.load import load_generator
+    from trtspec.assembly.load import load_generator
     from trtspec.engines.manifest import verify
     costs = load(tiny_folder)
     assert costs is not None and costs.draft is not None and costs.meta["backend"] == "torch"

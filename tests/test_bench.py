@@ -13,11 +13,12 @@ import torch
 from click.testing import CliRunner
 
 from trtspec.cli import main
-from trtspec.config import load_config
-from trtspec.engines.build import build_engines
+from trtspec.assembly.config import load_config
+from trtspec.assembly.build import build_engines
 from trtspec.tools.bench import (SUM_KEYS, Bench, BenchOptions, ceiling_speedup, first_divergence, parse_list,
                                  run_bench)
-from trtspec.tools.datasets import DatasetError, Prompt, encode, load_prompts
+from trtspec.runtime.prompts import Prompt, PromptError, encode
+from trtspec.tools.datasets import DatasetError, load_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny-random.yaml"
@@ -344,7 +345,7 @@ def test_encode_with_a_chat_template(engines):
     prompt = Prompt(id="x", text="def f():")
     raw = encode(prompt, tok)
     assert raw == tok("def f():")["input_ids"]
-    with pytest.raises(DatasetError, match="chat template"):
+    with pytest.raises(PromptError, match="chat template"):
         encode(prompt, tok, chat=True)
     tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
                          "{% if add_generation_prompt %}<assistant>{% endif %}")

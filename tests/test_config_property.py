@@ -22,8 +22,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtspec.config import CONFIGS_DIR, BuildOptions, Buckets, Config, ConfigError, ModelEntry, TinyOptions
-from trtspec.engines.load import engines_for_config, load_generator
+from trtspec.assembly.config import CONFIGS_DIR, BuildOptions, Buckets, Config, ConfigError, ModelEntry, TinyOptions
+from trtspec.assembly.cache import engines_for_config
+from trtspec.assembly.load import load_generator
 from trtspec.errors import TrtspecError
 from trtspec.runtime.generator import room_for
 from trtspec.runtime.strategies import STRATEGIES

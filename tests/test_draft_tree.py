@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from conftest import reference_logits
+from trtspec.runtime.budget import FixedBudget
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.draft_tree import DraftTree
 from trtspec.runtime.runner import ModelRunner, drive
@@ -222,7 +223,7 @@ def test_commit_equals_fresh_prefill(llama_pair, prompt, lag, rounds, seed, end)
         expect = len(path_nodes(tree, above)) - 1   # stops right before the borrowed node
     assert committed_count(tree, path) == expect
     pending = len(tree.pending)
-    tree.commit(path)
+    st.draft.cache.commit(tree.proposal(list(path)).draft_commit(np.arange(len(path))))   # the shared step's commit
     committed = st.tokens().tolist() + tree.tokens[path[1:1 + expect]].tolist()
     assert st.draft.cache.length == base + pending + expect
     assert_cache_is_prefill(pair, st.draft, committed)
@@ -239,20 +240,22 @@ def test_commit_root_only_and_scratch_reset(llama_pair):
     st = make_state(llama_pair, [3, 17, 99, 250], lag=3)
     tree, _ = grow(llama_pair, st, np.random.default_rng(1), 3)
     assert st.draft.cache.scratch > 0
-    tree.commit(np.array([0]))
+    st.draft.cache.commit(tree.proposal([0]).draft_commit(np.array([0])))
     assert_cache_is_prefill(llama_pair, st.draft, [3, 17, 99, 250])
 
 
 def patch_step_checks(strat, monkeypatch) -> list[tuple[int, int]]:
-    """Wrap strat's step: after each step the draft cache (no scratch left) must equal a fresh
+    """Wrap the shared step for strat's requests: after each step the draft cache (no scratch left) must equal a fresh
     prefill of its prefix of the sequence, and lag it by 1 .. len(emitted) tokens (the committed
     rows are the pending tokens plus a prefix of the accepted path, never the bonus token)."""
+    from trtspec.runtime import request as request_mod
     lags: list[tuple[int, int]] = []
-    orig = type(strat).step
+    orig = request_mod.step
 
-    def step(self, st):
-        before = st.length - st.draft.cache.length          # tokens the draft has not seen yet
-        emitted = yield from orig(self, st)
+    def step(st, strategy):
+        assert strategy is strat
+        before = st.n_tokens - st.draft.cache.length          # tokens the draft has not seen yet
+        emitted = yield from orig(st, strategy)
         seq = st.tokens().tolist() + emitted
         c = st.draft.cache
         assert c.scratch == 0
@@ -267,7 +270,7 @@ def patch_step_checks(strat, monkeypatch) -> list[tuple[int, int]]:
         lags.append((lag, len(emitted)))
         return emitted
 
-    monkeypatch.setattr(type(strat), "step", step)
+    monkeypatch.setattr(request_mod, "step", step)
     return lags
 
 
@@ -494,6 +497,9 @@ def random_dag(tree: DraftTree, rng, n_nodes: int, n_merges: int) -> dict[int, l
         if tree.anc[p, m] or int(tree.tokens[m]) in out or GSD._reaches(tree, m, p, merged):
             continue
         merged.setdefault(p, []).append(m)
+    for node in range(tree.size):           # as in real drafting, a node with edges out was fed (here:
+        tree.top.setdefault(node, tree.top[0])      # the root's distribution stands in for its own)
+        tree.probs.setdefault(node, tree.probs[0])
     return merged
 
 
@@ -506,7 +512,7 @@ def test_unroll_random_dags(llama_pair, seed, n_nodes, n_merges, budget):
     rng = np.random.default_rng(seed)
     merged = random_dag(tree, rng, n_nodes, n_merges)
     size0 = tree.size
-    keep = GSD(budget=budget)._unroll(tree, merged)
+    keep = GSD(budget=budget)._unroll(tree, merged, FixedBudget())
     check_unroll(tree, merged, keep, budget, size0)
 
 
@@ -515,12 +521,12 @@ def test_unroll_in_real_runs(llama_pair, small_pair, monkeypatch):
     orig = gsd_mod.GSD._unroll
     calls = {"n": 0, "merged": 0}
 
-    def unroll(self, tree, merged, pol=None):
+    def unroll(self, tree, merged, budget):
         size0 = tree.size
         for p, ms in merged.items():                    # acyclic: no merged target reaches its source
             for m in ms:
                 assert not GSD._reaches(tree, m, p, merged) and not tree.anc[p, m]
-        keep = orig(self, tree, merged, pol)
+        keep = orig(self, tree, merged, budget)
         check_unroll(tree, merged, keep, self.nodes, size0)
         calls["n"] += 1
         calls["merged"] += sum(map(len, merged.values()))

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from conftest import with_chat_template
 from trtspec.cli import main
-from trtspec.config import ConfigError, load_config
-from trtspec.engines.build import build_engines
-from trtspec.engines.load import load_generator
+from trtspec.assembly.config import ConfigError, load_config
+from trtspec.assembly.build import build_engines
+from trtspec.assembly.load import load_generator
 from trtspec.engines.manifest import EngineError, verify
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,7 +30,7 @@ def test_seeds_load(seeds, target):
 
 
 def test_seeds_are_accepted_not_just_refused(seeds, tmp_path):
-    from trtspec.config import load_config
+    from trtspec.assembly.config import load_config
     from trtspec.export.gguf_loader import load_gguf
     from trtspec.runtime.costs import load
     path = tmp_path / "seed.gguf"

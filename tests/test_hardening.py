@@ -21,9 +21,9 @@ from click.testing import CliRunner
 
 from conftest import reference_logits, with_chat_template
 from trtspec.cli import main
-from trtspec.config import CONFIGS_DIR, MAX_OPSET, Config, ConfigError, load_config
-from trtspec.engines.build import build_engines
-from trtspec.engines.load import load_generator
+from trtspec.assembly.config import CONFIGS_DIR, MAX_OPSET, Config, ConfigError, load_config
+from trtspec.assembly.build import build_engines
+from trtspec.assembly.load import load_generator
 from trtspec.engines.manifest import EngineError, verify
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.errors import RequestError, TrtspecError
@@ -33,7 +33,7 @@ from trtspec.runtime.generator import Generator, room_for
 from trtspec.runtime.kv_cache import CapacityError
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import GSD, STRATEGIES, Cascade, ChainSpeculative, DySpec, Staged, make_strategy
-from trtspec.tools.datasets import Prompt, encode
+from trtspec.runtime.prompts import Prompt, encode
 
 TINY = CONFIGS_DIR / "tiny-random.yaml"
 QUIET = dict(log=lambda *a, **k: None)
@@ -394,13 +394,13 @@ def test_tensorrt_build_refused_up_front_here(tmp_path):
     from trtspec.engines.tensorrt_build import tensorrt_unavailable_reason
     if tensorrt_unavailable_reason() is None:
         pytest.skip("TensorRT and a GPU are present here")
-    with pytest.raises(EngineError, match="cannot build TensorRT plans here"):
+    with pytest.raises(EngineError, match="cannot build for backend tensorrt here"):
         build_engines(load_config(TINY), tmp_path / "trt", backend="tensorrt", **QUIET)
     assert not list(tmp_path.iterdir())
 
 
 def test_loaders_eos_ids_reach_the_manifest(tmp_path, monkeypatch):
-    import trtspec.engines.build as build_mod
+    import trtspec.assembly.build as build_mod
     real = build_mod.load_model
 
     def with_eos(entry, role):

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.config import load_config
-from trtspec.engines.build import build_engines
+from trtspec.assembly.config import load_config
+from trtspec.assembly.build import build_engines
 from trtspec.engines.manifest import EngineError, verify
-from trtspec.engines.memory import fit, need
+from trtspec.assembly.memory import fit, need
 from trtspec.errors import RequestError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_inspect_exits_0(folders):
 
 EMBED = textwrap.dedent("""
     import os, sys
-    from trtspec.engines.load import load_generator
+    from trtspec.assembly.load import load_generator
     def threads():
         return len(os.listdir("/proc/self/task"))
     before = threads()
@@ -90,7 +90,7 @@ def test_embedding_api_releases_native_threads_and_exits_0(folders, how):
 
 
 def test_a_closed_generator_refuses_requests(folders):
-    from trtspec.engines.load import load_generator
+    from trtspec.assembly.load import load_generator
     with load_generator(folders["onnxruntime"]) as gen:
         ids = gen.tokenizer("x")["input_ids"]
         gen.generate(ids, max_new_tokens=2)

@@ -180,7 +180,9 @@ def test_ort_writes_new_rows_into_cache_in_place(exported):
         ref = [kv[0] for kv in model(*[x[None] for x in prefill(gen, 0, 5)], [torch.zeros(1, 0, 2, 16)] * 4)[1]]
     gen.manual_seed(2)
     for step in range(4):  # same tokens as `ref` for the first step, then decodes
+        t = 5 if step == 0 else 1
         engine.step(cache, *(prefill(gen, 0, 5) if step == 0 else prefill(gen, cache.used, 1)))
+        cache.advance(t)                                   # an engine never moves the bookkeeping
         assert cache.buf.data_ptr() == ptr
         assert cache.buf[:, :, cache.used - 1].abs().sum() > 0 and not cache.buf[:, :, cache.used:].any()
     for i, kv in enumerate(ref):  # the prefill rows ORT wrote are the model's keys/values
@@ -226,6 +228,8 @@ def test_optimize_for_ort_gives_identical_outputs(exported, tmp_path):
     gen = torch.Generator().manual_seed(4)
     for args in (prefill(gen, 0, 5), prefill(gen, 5, 1)):
         assert torch.equal(engines[0].step(caches[0], *args).clone(), engines[1].step(caches[1], *args))
+        for cache in caches:
+            cache.advance(args[0].shape[0])                # the caller moves the bookkeeping
     assert torch.equal(caches[0].buf, caches[1].buf)
 
 

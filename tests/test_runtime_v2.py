@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_pair
-from trtspec.config import CONFIGS_DIR, load_config
-from trtspec.engines.build import build_engines
-from trtspec.engines.load import load_generator
+from trtspec.assembly.config import CONFIGS_DIR, load_config
+from trtspec.assembly.build import build_engines
+from trtspec.assembly.load import load_generator
 from trtspec.engines.manifest import EngineError, verify
 from trtspec.engines.onnxruntime_engine import OrtEngine
 from trtspec.runtime.batch import Batcher, Call
@@ -306,13 +306,13 @@ def test_a_failing_request_leaves_its_neighbours_alone(pair, monkeypatch):
     class Boom(Exception):
         pass
 
-    real = STRATEGIES["ngram"].step
+    real = STRATEGIES["ngram"].propose
 
     def flaky(self, st):
-        if st.length > 6:
+        if st.n_tokens > 6:
             raise Boom("a bug in one request")
         return (yield from real(self, st))
-    monkeypatch.setattr(STRATEGIES["ngram"], "step", flaky)
+    monkeypatch.setattr(STRATEGIES["ngram"], "propose", flaky)
     bad = gen.submit([9, 9, 9, 9], strategy="ngram", max_new_tokens=20)
     good = [gen.submit([1, 2, 3], strategy=s, max_new_tokens=20) for s in ("ar", "chain", "staged")]
     with pytest.raises(Boom):

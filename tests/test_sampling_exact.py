@@ -24,7 +24,7 @@ import torch
 from scipy import stats
 
 from conftest import reference_logits
-from trtspec.runtime import decode as decode_mod
+from trtspec.runtime import step as step_mod
 from trtspec.runtime.ngram import NGramDrafter
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
@@ -310,7 +310,7 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
         seen_q.append(tree.q is not None and not bool(torch.isnan(tree.q[1:]).any()))
         return verify_sampling(tree, probs, gen)
 
-    monkeypatch.setattr(decode_mod, "verify_sampling", spy)
+    monkeypatch.setattr(step_mod, "verify_sampling", spy)
     acc = [s.accepted for i in range(40)
            for s in small_gen.generate(CHAIN_PROMPT, strategy=ChainSpeculative(2), max_new_tokens=6,
                                        sampling=T1, seed=i).steps]
@@ -322,7 +322,7 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
 def test_broken_rule_is_detected_end_to_end(small_pair, small_gen, ngram_prompt, monkeypatch, which):
     """The same end-to-end check on the first generated token, with the no-residual rule patched
     in where DecodeState calls verify_sampling: it must be rejected."""
-    monkeypatch.setattr(decode_mod, "verify_sampling", verify_sampling_no_residual)
+    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling_no_residual)
     prompt, strategy, n = ((SHORT_PROMPT, ChainSpeculative(1), 600) if which == "chain"
                            else (ngram_prompt, NGramSpeculative(2), 600))
     p1 = reference_probs(reference_logits(small_pair.target, prompt)[-1], T1)

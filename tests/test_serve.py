@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import with_chat_template
 from trtspec.cli import main
-from trtspec.config import Config, load_config
-from trtspec.engines.build import build_engines
+from trtspec.assembly.config import Config, load_config
+from trtspec.assembly.build import build_engines
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.text import TextStream
 
@@ -491,7 +491,7 @@ def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch)
     pair = make_pair()
     tok = AutoTokenizer.from_pretrained(str(ROOT / "trtspec" / "assets" / "tiny-tokenizer"))
     gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
-    monkeypatch.setattr(STRATEGIES["chain"], "step", broken)
+    monkeypatch.setattr(STRATEGIES["chain"], "propose", broken)
     ask = {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 0}
     with TestClient(make_app(Service(gen, model=MODEL, strategy="ar"))) as client:
         r = client.post("/v1/completions", json=ask | spec("chain"))

@@ -12,9 +12,9 @@ import importlib.util
 
 import pytest
 
-from trtspec.config import load_config
-from trtspec.engines.build import build_engines
-from trtspec.engines.load import load_generator
+from trtspec.assembly.config import load_config
+from trtspec.assembly.build import build_engines
+from trtspec.assembly.load import load_generator
 
 pytestmark = [
     pytest.mark.slow,

@@ -20,8 +20,8 @@ def test_ort_profile_per_op_type(tmp_path):
 
     from click.testing import CliRunner
 
-    from trtspec.config import load_config
-    from trtspec.engines.build import build_engines
+    from trtspec.assembly.config import load_config
+    from trtspec.assembly.build import build_engines
     from trtspec.tools.ort_profile import op_times
     from trtspec.tools.stepcost import main
 

@@ -24,7 +24,7 @@ import torch
 from conftest import CPU_LIKE, GPU_LIKE, SMALL_VOCAB, reference_logits
 from test_sampling_exact import chisquare_p, exact_first_two, fit, reference_probs, sample_first
 from test_sampling_exact import verify_sampling_no_residual
-from trtspec.runtime import decode as decode_mod
+from trtspec.runtime import step as step_mod
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import GSD, Cascade, ChainSpeculative, DySpec, Staged
 from trtspec.runtime.strategies import dyspec as dyspec_mod
@@ -48,7 +48,7 @@ def make(name: str, bigram: str | None = None):
                            max_draft_nodes=16),
         "cascade": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3),
         "cascade-lenient-bigram": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3, lenience=3.0, bigram=bigram),
-        # budget auto (adaptive.py) under GPU-like step costs (AUTO_COSTS): each step's tree depends on
+        # budget auto (runtime/budget/) under GPU-like step costs (AUTO_COSTS): each step's tree depends on
         # the acceptance of the steps before it, which verification must not notice
         "staged-auto": lambda: Staged(max_budget=6, width=3, top_k=3, max_rounds=3, stage2=True, stage2_len=3),
         "dyspec-heap-auto": lambda: DySpec("heap", max_budget=6, batch=3, max_depth=3),
@@ -56,7 +56,7 @@ def make(name: str, bigram: str | None = None):
         "gsd-auto": lambda: GSD(top_k=3, sibling_ratio=0.05, confidence=0.05, repeat=0, max_budget=8, max_depth=3,
                                 max_draft_nodes=16),
         # CPU-like costs: the policy cuts chains and trees short, often after one node; a cut decided by
-        # the sampled token itself would bias the output (adaptive.draw_value: decided before the draw)
+        # the sampled token itself would bias the output (budget.draw_value: decided before the draw)
         "chain-auto-cpu": lambda: ChainSpeculative(max_k=3),
         "dyspec-heap-auto-cpu": lambda: DySpec("heap", max_budget=6, batch=2, max_depth=3),
     }[name]()
@@ -96,7 +96,7 @@ class Spy:
 
 def run_case(small_pair, small_gen, monkeypatch, strat_name, sp, prompt, n, seed0, bigram=None):
     spy = Spy()
-    monkeypatch.setattr(decode_mod, "verify_sampling", spy)
+    monkeypatch.setattr(step_mod, "verify_sampling", spy)
     monkeypatch.setattr(small_gen, "costs", CPU_LIKE if strat_name.endswith("-cpu") else GPU_LIKE)
     strat = make(strat_name, bigram)
     counts = sample_first(small_gen, prompt, strat, sp, n, seed0)
@@ -134,7 +134,7 @@ def test_first_two_tokens_exact(small_pair, small_gen, bigram, monkeypatch, name
     else:
         assert spy.sampled == 0 and spy.trees > 0
     # the speculation is not vacuous: drafts are accepted and rejected (and GSD merges)
-    monkeypatch.setattr(decode_mod, "verify_sampling", verify_sampling)
+    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling)
     # cascade-auto accepts two drafts in ~1% of its steps here (the policy keeps its trees short): more runs
     acc, merges, merged_paths = acceptance(small_gen, strat, sp, prompt, runs=100 if name == "cascade-auto" else 25)
     print(f"[accept] tree {name} {sp}: mean accepted {np.mean(acc):.2f}, zero {acc.count(0)}/{len(acc)}, "
@@ -208,7 +208,7 @@ def test_dyspec_original_q_detected_in_joint_test(small_pair, small_gen, monkeyp
 
 def test_no_residual_verifier_is_detected_for_deterministic_children(small_pair, small_gen, monkeypatch):
     """BROKEN verifier (no residual update after a rejected deterministic child) under gsd's top-k fan."""
-    monkeypatch.setattr(decode_mod, "verify_sampling", verify_sampling_no_residual)
+    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling_no_residual)
     strat = GSD(top_k=4, sibling_ratio=0.0, confidence=0.0, repeat=-1, budget=4, max_depth=1)
     pval = first_token_p(small_pair, small_gen, strat, 2 * N_BROKEN, 90_000)
     print(f"[pvalue] gsd BROKEN no-residual verifier: first {pval:.3g}")

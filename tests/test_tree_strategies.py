@@ -36,7 +36,7 @@ SETTINGS = settings(max_examples=N_EXAMPLES, deadline=None, database=None)
 
 
 def BUDGETS(most: int):
-    """A tree budget: "auto" (the policy sizes each step: runtime/adaptive.py) or a fixed number."""
+    """A tree budget: "auto" (the policy sizes each step: runtime/budget/) or a fixed number."""
     return hst.one_of(hst.just("auto"), hst.integers(1, most))
 
 
@@ -238,7 +238,7 @@ def test_speculation_is_not_vacuous(gens):
     """Drafts are accepted and rejected, stage-2 / MaG tokens are kept by the draft's review, and
     dyspec-threshold grows deeper than one level on peaked distributions. Fixed budgets (the former
     defaults): on these tiny pairs a draft forward costs what a target forward does, so budget auto
-    rightly drafts little (test_adaptive.py covers it)."""
+    rightly drafts little (test_budget.py covers it)."""
     stats = {}
     for strat in (Staged(budget=24), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
                   GSD(repeat=1, budget=32),
@@ -302,9 +302,9 @@ def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, c
 
 @pytest.fixture(scope="module")
 def ort_gen(tmp_path_factory):
-    from trtspec.config import load_config
-    from trtspec.engines.build import build_engines
-    from trtspec.engines.load import load_generator
+    from trtspec.assembly.config import load_config
+    from trtspec.assembly.build import build_engines
+    from trtspec.assembly.load import load_generator
     from trtspec.engines.onnxruntime_engine import OrtEngine
 
     out = tmp_path_factory.mktemp("ort_eng") / "tiny"

@@ -13,8 +13,10 @@ from trtspec.export.tiny import tiny_spec
 from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.kv_cache import KVCache, KVPool
+from trtspec.runtime.proposal import Proposal
 from trtspec.runtime.runner import ModelRunner, drive
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
+from trtspec.runtime.step import verify_and_commit
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import sampling_choice, verify_greedy
@@ -244,7 +246,7 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     seq = np.zeros(64, dtype=np.int64)
     st = DecodeState(runner, None, SamplingParams(), torch.Generator().manual_seed(0), seq, 0)
     st.append(prompt)
-    out = drive(st.verify_and_commit(tree))
+    out = drive(verify_and_commit(st, Proposal(tree)))
     emitted = out[0] if isinstance(out, tuple) else out      # (emitted, path) in newer versions
     assert emitted == [a, b, c]
     if isinstance(out, tuple):
@@ -321,7 +323,7 @@ def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
     walk = verify_mod.sampling_choice                  # the walk as on a GPU (no early exit)
     monkeypatch.setattr(verify_mod, "sampling_choice", lambda *args: walk(*args, early_exit=False))
     with reads.uncounted(engine), reads:
-        emitted, path = drive(st.verify_and_commit(tree))
+        emitted, path = drive(verify_and_commit(st, Proposal(tree)))
     assert reads.reads == ["tolist"]
     assert runner.cache.length == len(prompt) - 1 + len(path) and emitted[:-1] == tree.host_tokens[path[1:]].tolist()
 

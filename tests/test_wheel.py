@@ -59,6 +59,6 @@ def test_installed_wheel_runs_from_another_directory(tmp_path):
              "--max-new-tokens", "6", "--json", cwd=elsewhere, env=env)
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["stats"]["new_tokens"] == 6
-    listed = sh(venv / "bin" / "python", "-c", "from trtspec.config import shipped_configs; print(shipped_configs())",
+    listed = sh(venv / "bin" / "python", "-c", "from trtspec.assembly.config import shipped_configs; print(shipped_configs())",
                 cwd=elsewhere, env=env)
     assert "qwen2.5-coder-1.5b" in listed.stdout and "tiny-random" in listed.stdout

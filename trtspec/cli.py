@@ -15,9 +15,10 @@ from pathlib import Path
 
 import click
 
-from .config import BACKENDS, load_config
+from .assembly.backends import NAMES as BACKENDS
+from .assembly.config import load_config
 from .errors import Terminated, TrtspecError
-from .runtime.strategies import STRATEGIES, resolve, split_spec
+from .runtime.strategies import STRATEGIES, split_spec
 
 PLAIN_MAX_NEW_TOKENS = 128     # plain (non-chat) prompts: a completion has no end-of-turn to wait for
 CHAT_MAX_NEW_TOKENS = 1024     # chat: answer to the end of the turn; this only stops a runaway loop
@@ -68,7 +69,7 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 
     Writes manifest.json with the sha256 of every artifact; `trtspec run` refuses a folder that
     no longer matches it."""
-    from .engines.build import build_engines
+    from .assembly.build import build_engines
     cfg = load_config(config_path)
     out = build_engines(cfg, output, backend=backend, force=force)
     click.echo(f"engines written to {out}")
@@ -110,11 +111,11 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
         seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
-    from .engines.load import load_generator, load_tokenizer
-    from .runtime.generator import check_capacity, check_strategy, decode_pieces, room_for
+    from .assembly.load import load_generator, load_tokenizer
+    from .runtime.generator import check_capacity, decode_pieces, room_for
     from .runtime.sampling import SamplingParams
-    from .runtime.strategies import make_strategy
-    from .tools.datasets import DatasetError, Prompt, encode   # one prompt encoder for run and bench
+    from .runtime.strategies import strategy as make
+    from .runtime.prompts import Prompt, PromptError, encode   # one prompt encoder for run, serve and bench
 
     # Everything that needs no engine is checked first: a bad option never waits for a build.
     if (prompt is None) == (prompt_file is None):
@@ -132,17 +133,14 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     sampling = SamplingParams(temperature, top_k, top_p)
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
-    name = strategy or cfg.strategy
-    base, options = resolve(name, cfg.strategies)
-    strat = make_strategy(base, **options)
-    check_strategy(strat, has_draft=cfg.draft is not None)
+    strat = make(strategy or cfg.strategy, cfg.strategies, has_draft=cfg.draft is not None)
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
 
     folder, opened = _engines(engines_dir, opened, cfg, log)
     tok = load_tokenizer(folder, opened[0])
     try:
         ids = encode(Prompt(id="prompt", text=text), tok, chat=chat)
-    except DatasetError as e:
+    except PromptError as e:
         raise click.UsageError(str(e)) from None
     room = room_for(len(ids), strat, cfg.max_seq_len)
     limit = max_new_tokens or (max(1, min(CHAT_MAX_NEW_TOKENS, room)) if chat else PLAIN_MAX_NEW_TOKENS)
@@ -248,7 +246,7 @@ def inspect(engines_dir: str, compare: bool, role: str, measure_costs: bool, thr
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe
     if measure_costs:
-        from .engines.load import measure_costs as measure
+        from .assembly.load import measure_costs as measure
         measure(Path(engines_dir), threads=threads, log=lambda m: click.echo(m, err=True))
     for line in describe(Path(engines_dir)):
         click.echo(line)
@@ -272,7 +270,7 @@ def _strategy_spec(value: str | None) -> str | None:
 
 def _settle(engines_dir: str | None, config_path: str | None, backend: str | None):
     """(opened engine folder or None, config), with the backend/device checked runnable here; no build."""
-    from .engines.load import check_runnable, open_folder
+    from .assembly.load import check_runnable, open_folder
     opened = open_folder(engines_dir, backend) if engines_dir else None
     cfg = opened[1] if opened else load_config(config_path).with_backend(backend)
     check_runnable(cfg)
@@ -281,7 +279,8 @@ def _settle(engines_dir: str | None, config_path: str | None, backend: str | Non
 
 def _engines(engines_dir: str | None, opened, cfg, log):
     """(folder, opened): the given engine folder, or the config's cached one (built on first use)."""
-    from .engines.load import engines_for_config, open_folder
+    from .assembly.cache import engines_for_config
+    from .assembly.load import open_folder
     folder = Path(engines_dir) if engines_dir else engines_for_config(cfg, log=log)
     return folder, opened or open_folder(folder, None, cfg)
 
@@ -333,9 +332,8 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     Every request is lossless whatever shares its batch. Speculation per request (extensions, e.g.
     the openai client's extra_body): {"speculative": {"strategy": "staged", "stats": true}, "top_k": 40}.
     /metrics is Prometheus text; /health answers without the API key."""
-    from .engines.load import load_generator
-    from .runtime.generator import check_strategy
-    from .runtime.strategies import make_strategy
+    from .assembly.load import load_generator
+    from .runtime.strategies import strategy as make
     from .serve.app import Service
     from .serve.server import bind
     from .serve.server import serve as run_server
@@ -353,7 +351,7 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     if name not in allowed:
         raise click.UsageError(f"the default strategy {name!r} is not in --allow-strategies {','.join(allowed)}")
     for s in dict.fromkeys((name, *allowed)):
-        check_strategy(make_strategy(s, **(cfg.strategies.get(s) or {})), has_draft=cfg.draft is not None)
+        make(s, cfg.strategies, has_draft=cfg.draft is not None)
     sock = bind(host, port)
     folder, opened = _engines(engines_dir, opened, cfg, log)
     log(f"loading {folder}")

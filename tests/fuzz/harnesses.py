@@ -55,8 +55,8 @@ def gguf(data: bytes) -> None:
 def template() -> Path:
     """A tiny torch engine folder (built on first use in this process)."""
     if not (TEMPLATE / "manifest.json").exists():
-        from trtspec.config import load_config
-        from trtspec.engines.build import build_engines
+        from trtspec.assembly.config import load_config
+        from trtspec.assembly.build import build_engines
         build_engines(load_config("tiny-random"), TEMPLATE, backend="torch", log=lambda *a, **k: None)
     return TEMPLATE
 
@@ -69,7 +69,7 @@ def _folder() -> Path:
 
 
 def manifest(data: bytes) -> None:
-    from trtspec.engines.load import open_folder
+    from trtspec.assembly.load import open_folder
     folder = _folder()
     (folder / "manifest.json").write_bytes(data)
     try:
@@ -92,7 +92,7 @@ def costs(data: bytes) -> None:
 
 
 def config(data: bytes) -> None:
-    from trtspec.config import load_config
+    from trtspec.assembly.config import load_config
     path = WORK / "fuzz.yaml"
     path.write_bytes(data)
     try:
@@ -117,8 +117,8 @@ def tokenizer(data: bytes) -> None:
 
 
 TARGETS = {"gguf": gguf, "manifest": manifest, "costs": costs, "config": config, "tokenizer": tokenizer}
-MODULES = {"gguf": ["trtspec.export.gguf_loader"], "manifest": ["trtspec.engines.manifest", "trtspec.engines.load"],
-           "costs": ["trtspec.runtime.costs"], "config": ["trtspec.config", "trtspec.options"],
+MODULES = {"gguf": ["trtspec.export.gguf_loader"], "manifest": ["trtspec.engines.manifest", "trtspec.assembly.load"],
+           "costs": ["trtspec.runtime.costs"], "config": ["trtspec.assembly.config", "trtspec.options"],
            "tokenizer": ["trtspec.export.tokenizer"]}
 CRASHES = Path(__file__).resolve().parent / "crashes"     # CRASHES/TARGET/*: every crash found, replayed by tests
 

@@ -49,8 +49,6 @@ class GraphedTorchEngine(TorchEngine):
         g.graph()
         g.runs += 1
         g.scatter_new_kv(caches)
-        for cache in caches:
-            cache.advance(t)
         return g.logits
 
     def _make(self, key: tuple) -> StagedBucket:

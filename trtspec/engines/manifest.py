@@ -21,11 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import TrtspecError
 from ..export.contract import CONTRACT_VERSION, GRAPH_REVISION
+from ..runtime.costs import COSTS_FILE
 
 FORMAT = "trtspec-engine"
 MANIFEST = "manifest.json"
 VERIFIED = ".verified.json"
-COSTS_FILE = "costs.json"      # step costs measured on this machine (runtime/costs.py): not hashed
 
 log = logging.getLogger(__name__)
 

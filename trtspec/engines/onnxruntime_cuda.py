@@ -18,7 +18,7 @@ import torch
 from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
-from .base import Engine
+from ..runtime.engine import Engine
 from .staging import StagedBucket, after_inputs
 
 _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
@@ -54,8 +54,6 @@ class OrtCudaGraphEngine(Engine):
         after_inputs()                               # ORT's own stream must see the copies
         self.session.run_with_iobinding(io, run_options)
         g.scatter_new_kv(caches)
-        for cache in caches:
-            cache.advance(t)
         return g.logits
 
     def _bucket(self, b: int, t: int, total: int, r: int, graph_id: int):

@@ -18,7 +18,7 @@ import torch
 from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec, SpecError
 from ..runtime.kv_cache import BatchStaging, KVCache
-from .base import Engine
+from ..runtime.engine import Engine
 
 _ONNX_TO_TORCH = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
                   onnx.TensorProto.BFLOAT16: torch.bfloat16}
@@ -122,6 +122,4 @@ class OrtEngine(Engine):
         self.session.run_with_iobinding(io)
         if b > 1:
             self.staging.scatter(caches, new)
-        for cache in caches:
-            cache.advance(t)
         return logits

@@ -20,7 +20,7 @@ import torch
 
 from ..export.spec import ModelSpec
 from ..runtime.kv_cache import KVCache
-from .base import Engine
+from ..runtime.engine import Engine
 from .staging import StagedBucket, after_inputs
 
 PREFILL_PROFILE, STEP_PROFILE = 0, 1        # as built by tensorrt_build.build_plan
@@ -79,8 +79,6 @@ class TrtEngine(Engine):
                     g.graph = self._capture(ctx)
         torch.cuda.current_stream().wait_stream(self.stream)
         g.scatter_new_kv(caches)
-        for cache in caches:
-            cache.advance(t)
         return g.logits
 
     def _bind(self, ctx, g: StagedBucket) -> None:

@@ -5,7 +5,7 @@ import torch
 
 from ..export.model import Decoder
 from ..runtime.kv_cache import BatchStaging, KVCache
-from .base import Engine
+from ..runtime.engine import Engine
 
 
 class TorchEngine(Engine):
@@ -31,5 +31,4 @@ class TorchEngine(Engine):
         for i, cache in enumerate(caches):
             for dst, src in zip(cache.slots(t), new_kv):
                 dst.copy_(src[i])
-            cache.advance(t)
         return logits

@@ -5,12 +5,16 @@ embeddings, rope scaling), so the decoder is one class and the loaders fill this
 """
 from __future__ import annotations
 
+import torch
+
 import dataclasses
 import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TrtspecError
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}   # config names -> torch
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
 

@@ -12,8 +12,10 @@ model and hands them to that model's `Batcher`, which runs them as one `Engine.s
   tokens see only themselves; columns past a row's own cache are stale rows (of its slot or of
   its staged copy), masked.
   Rows never see each other: a neighbour in the batch cannot change a request's logits.
-- The pad tokens' KV rows are written and then dropped (`scratch -= pad`), so each slot is
-  allocated with `headroom` rows beyond its capacity.
+- The engine writes every row's T (padded) new rows at its cache's `used`; the Batcher then
+  advances each cache by its own call's tokens only, so the pad rows are written and dropped. Each
+  slot is allocated with `headroom` rows beyond its capacity for them. A step that raises leaves
+  every cache as it was (`KVCache.restore`).
 
 One call alone with no bucket to pad to runs at its exact shape. Calls larger than `max_batch_tokens`
 run alone (a prefill chunk padded into a batch of one-token steps would multiply their cost).
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engines.base import Engine
+from .engine import Engine
 from ..options import MAX_STEP_TOKENS
 from .kv_cache import KVCache
 
@@ -115,8 +117,14 @@ class Batcher:
     def run(self, calls: list[Call]) -> list[torch.Tensor]:
         """One engine step over `calls` (rows in order); logits [R_b, V] for each call (copied out of
         an engine-owned buffer, so they outlive the next step)."""
-        with self.lock:
-            return self._run(calls)
+        marks = [c.cache.mark() for c in calls]
+        try:
+            with self.lock:
+                return self._run(calls)
+        except BaseException:
+            for call, mark in zip(calls, marks):
+                call.cache.restore(mark)
+            raise
 
     def _run(self, calls: list[Call]) -> list[torch.Tensor]:
         self.forwards += 1
@@ -169,7 +177,7 @@ class Batcher:
             logits = self.engine.step_batch(caches, ids, pos, mask, rows)
         out = []
         for i, call in enumerate(calls):
-            call.cache.scratch -= t - call.t        # keep only the real rows
+            call.cache.advance(call.t)              # the real rows; the pad rows after them are dropped
             x = logits[i, : call.r]
             out.append(x.clone() if self.engine.logits_in_own_buffer else x)
         return out

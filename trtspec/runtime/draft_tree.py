@@ -18,9 +18,10 @@ tokens, k = the strategy's `top_k`, at least the argmax) and each reviewed chain
 at its parent. Strategies rank, review and value children from these host copies (`prob(parent,
 token)`), so drafting reads the device once per forward, not once per candidate.
 
-After target verification, `commit(path)` keeps the draft KV rows of the accepted path (only nodes
-fed under their true prefix: a node reached through a merged GSD edge borrowed another prefix's
-KV, so the commit stops there and the next step re-feeds those tokens as pending).
+`proposal(nodes)` hands the tree to the shared step (step.py) with each node's draft KV row: after
+verification the step keeps the rows of the accepted path (only nodes fed under their true prefix:
+a node reached through a merged GSD edge borrowed another prefix's KV, so the commit stops there
+and the next step re-feeds those tokens as pending).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from .decode import DecodeState
+from .proposal import Proposal
 from .runner import Calls
 from .tree import TokenTree
 
@@ -38,7 +40,7 @@ class DraftTree:
         self.top_k = max(1, top_k)
         self.runner = st.draft
         cache = self.runner.cache
-        self.pending = st.tokens()[cache.length:].tolist()      # tokens the draft has not seen, root last
+        self.pending = st.pending()                               # tokens the draft has not seen, root last
         self.base_pos = cache.length + len(self.pending) - 1      # position of the root
         n = capacity
         self.tokens = np.zeros(n, dtype=np.int64)
@@ -69,6 +71,7 @@ class DraftTree:
         yield from st.draft_catch_up()
         tree = cls(st, capacity, top_k)
         logits = yield from tree.runner.extend(tree.pending)      # feeds the root
+        st.budget.opened(len(tree.pending))
         tree.row[0] = len(tree.pending) - 1
         dists = tree._dist(logits)
         tree.probs[0] = dists[0]
@@ -88,6 +91,10 @@ class DraftTree:
         self.q[n] = q
         self.borrowed[n] = borrowed or self.borrowed[parent]
         return n
+
+    def cut(self, node: int) -> None:
+        """Drop `node` and its subtree from the tree the target will see."""
+        self.alive[node:self.size] &= ~self.anc[node:self.size, node]
 
     def children(self, node: int) -> np.ndarray:
         kids = np.flatnonzero(self.parents[: self.size] == node)
@@ -202,20 +209,17 @@ class DraftTree:
         path = self.tokens[: self.size][self.anc[node, : self.size]]
         return np.concatenate([self.st.tokens(), path[1:]])
 
-    def finish(self, nodes: list[int] | None = None, **extra) -> Calls:
-        """Hand the tree (alive nodes, or `nodes`) to the target, commit both caches (a coroutine).
-        Returns (emitted tokens, accepted path as draft-tree node ids)."""
+    def proposal(self, nodes: list[int] | None = None, **stats) -> Proposal:
+        """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row."""
         target_tree, sel = self.token_tree(nodes)
-        extra["tree_nodes"] = {"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()}
-        if self.st.policy is not None:
-            extra["node_q"] = self.node_q(sel)
-        emitted, path = yield from self.st.verify_and_commit(target_tree, self.forwards, **extra)
-        self.commit(sel[path])
-        return emitted, sel[path]
+        rows = np.where((self.row[sel] >= 0) & ~self.borrowed[sel], self.row[sel], -1)
+        return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
+                        nodes={"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()},
+                        stats=stats)
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a
-        node whose parent was never fed): what the policy's acceptance estimate is calibrated on."""
+        node whose parent was never fed): what budget: auto's acceptance estimate is calibrated on."""
         out = np.full(len(nodes), np.nan)
         fed = [(i, int(self.parents[n]), int(self.tokens[n])) for i, n in enumerate(nodes.tolist())
                if self.parents[n] >= 0 and int(self.parents[n]) in self.probs]
@@ -226,12 +230,3 @@ class DraftTree:
         for i, p, t in fed:
             out[i] = self.prob(p, t)
         return out
-
-    def commit(self, path_nodes: np.ndarray) -> None:
-        """Keep the pending rows and the rows of accepted nodes fed under their own prefix."""
-        rows = list(range(len(self.pending)))
-        for node in path_nodes[1:]:
-            if not self.fed(node) or self.borrowed[node]:
-                break
-            rows.append(int(self.row[node]))
-        self.runner.cache.commit(rows)

@@ -23,7 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..engines.base import Engine
+from .engine import Engine
 from ..errors import RequestError
 from ..options import MAX_STEP_TOKENS
 from .batch import Batcher
@@ -33,10 +33,10 @@ from .request import GenerationResult, Request, Slot
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
-from .strategies import Strategy, make_strategy, resolve
+from .strategies import Strategy, strategy
 from .text import TextStream
 
-__all__ = ["Generator", "GenerationResult", "check_capacity", "check_strategy", "room_for"]
+__all__ = ["Generator", "GenerationResult", "check_capacity", "room_for"]
 
 
 class Generator:
@@ -74,7 +74,7 @@ class Generator:
         _open.add(self)
 
     def step_costs(self) -> CostModel:
-        """The step costs the budget policy plans with (load_generator gets them before serving)."""
+        """The step costs budget: auto plans with (load_generator gets them before serving)."""
         with self._costs_lock:
             if self.costs is None and self.costs_folder is not None:
                 self.costs = load_or_measure(self.costs_folder, self.target_engine, self.draft_engine, self.capacity,
@@ -83,15 +83,10 @@ class Generator:
                 self.costs = measure(self.target_engine, self.draft_engine, self.capacity, buckets=self._buckets)
             return self.costs
 
-    def strategy(self, name: str | Strategy) -> Strategy:
-        """A strategy object: `name` with the config's options, and overrides written "staged:budget=12"."""
-        if isinstance(name, Strategy):
-            strat = name
-        else:
-            base, options = resolve(name, self.strategy_options)
-            strat = make_strategy(base, **options)
-        check_strategy(strat, has_draft=self.draft_engine is not None)
-        return strat
+    def strategy(self, name: str | Strategy, **overrides) -> Strategy:
+        """A strategy object: `name` with the config's options, overrides written "staged:budget=12" and
+        `overrides` (strategies.strategy: checked runnable with this generator's draft or none)."""
+        return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None, **overrides)
 
     def submit(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,
@@ -183,17 +178,6 @@ def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:
             return done.value
         if piece := text.feed(emitted):
             yield piece
-
-
-def check_strategy(strat: Strategy, has_draft: bool) -> None:
-    """RequestError unless `strat` can run: its step fits one model call, and it has its draft."""
-    if strat.max_tree_size() > MAX_STEP_TOKENS:
-        raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
-                           f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
-                           "lower its budget / k (with auto: max_budget / max_k / max_k_draft) in the config")
-    if strat.needs_draft and not has_draft:
-        raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
-                           "add a draft to the config or use --strategy ar / ngram")
 
 
 def room_for(prompt_len: int, strat: Strategy, capacity: int) -> int:

@@ -14,6 +14,10 @@ copy of each row's past, updated incrementally, and copies the new rows back int
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
 order, right after the committed prefix (a no-op when they already are), and drops the rest.
+
+This module is the only one that changes `length` and `scratch` (a test checks): engines write rows
+where they are told and never move the bookkeeping; the Batcher advances a cache after a step (and
+restores it when a step fails); the shared step (step.py) and prefill commit.
 """
 from __future__ import annotations
 
@@ -72,7 +76,21 @@ class KVCache:
         return [self.buf[l, j, u:u + t] for l in range(self.spec.num_layers) for j in (0, 1)]
 
     def advance(self, t: int) -> None:
+        """Count the t rows a step just wrote (at `used`) as scratch."""
         self.scratch += t
+
+    def mark(self) -> tuple[int, int]:
+        return self.length, self.scratch
+
+    def restore(self, mark: tuple[int, int]) -> None:
+        """Back to a `mark()` (a failed step: its rows are dropped, committed rows never moved)."""
+        self.length, self.scratch = mark
+
+    def assume(self, rows: int) -> None:
+        """Count the first `rows` rows as committed without writing them: timing runs, whose logits
+        are never read (costs.measure_rows)."""
+        self.reset()
+        self.length = rows
 
     def commit(self, rows) -> None:
         """Keep scratch rows `rows` (indices relative to `length`, ascending) as committed tokens."""

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .adaptive import AutoBudget, BatchView
 from .batch import Call
+from .budget import BatchView, make_budget
 from .costs import CostModel
 from .decode import DecodeState, StepStats
 from .runner import Calls, ModelRunner
 from .sampling import SamplingParams
+from .step import step
 from .strategies import Strategy
 
 _ids = itertools.count(1)
@@ -165,12 +166,10 @@ class Request:
         """Prefill, then strategy steps until a stop token or max_new_tokens (runs in its slot)."""
         slot, strat = self.slot, self.strategy
         slot.reset()
-        cap = strat.auto_nodes()
-        policy = (AutoBudget(self.costs, cap, self.batch, self.id) if cap is not None and self.costs is not None
-                  else None)
+        budget = make_budget(strat.auto_nodes(), self.costs, self.batch, self.id)
         rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
         st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
-                         record_trees=self.record_trees, policy=policy)
+                         record_trees=self.record_trees, budget=budget)
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()
@@ -179,12 +178,12 @@ class Request:
         # at the request's first drafted step, so a request that never drafts (a full batch) never
         # pays for it.
         yield from st.target.prefill(list(self.prompt[:-1]))
-        if st.draft is not None and policy is None:
+        if st.draft is not None and not budget.adaptive:
             yield from st.draft.prefill(list(self.prompt[:-1]))
         self.prefill_s = time.perf_counter() - self.t0
         finish = "length"
         while len(self.out) < self.max_new_tokens:
-            emitted = (yield from strat.step(st))[: self.max_new_tokens - len(self.out)]
+            emitted = (yield from step(st, strat))[: self.max_new_tokens - len(self.out)]
             stop_at = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
             if stop_at is not None:
                 emitted = emitted[: stop_at + 1]

@@ -21,7 +21,7 @@ import weakref
 from collections import deque
 
 from ..errors import RequestError
-from .adaptive import BatchView
+from .budget import BatchView
 from .batch import Batcher
 from .request import Request, Slot
 
@@ -51,7 +51,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.active: list[Request] = []
         self.iterations = 0
-        self.batch = BatchView()      # the last target phase in total, for budget: auto (adaptive.py)
+        self.batch = BatchView()      # the last target phase in total, for budget: auto (budget/)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -148,7 +148,7 @@ class Scheduler:
             self._run(self.target, calls)
             live = {r.id for r in self.active}          # a request that ended in this phase is gone
             rounds = [{i: t for i, t in rnd.items() if i in live} for rnd in rounds]
-            self.batch.observe({r.id: (t, r.state.policy.own[1] if r.state.policy else 1.0)
+            self.batch.observe({r.id: (t, r.state.budget.expected_emitted())
                                 for r, t in steps if r.id in live},
                                [rnd for rnd in rounds if rnd], [i for i in coming if i in live])
         self._reap()
@@ -162,15 +162,12 @@ class Scheduler:
         by_call = {id(r.call): r for r in reqs}
         for group in batcher.groups([r.call for r in reqs]):
             members = [by_call[id(c)] for c in group]
-            marks = [(c.cache.length, c.cache.scratch) for c in group]
             try:
-                logits = batcher.run(group)
+                logits = batcher.run(group)         # on failure the batcher restores the caches
             except Exception as e:                   # noqa: BLE001 - find whose call it was
                 if len(group) == 1:
                     self._end(members[0], error=e)
                     continue
-                for call, (length, scratch) in zip(group, marks):
-                    call.cache.length, call.cache.scratch = length, scratch
                 logits = []
                 for req, call in zip(members, group):   # alone, so only the culprit fails
                     try:

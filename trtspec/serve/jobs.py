@@ -18,7 +18,7 @@ from ..runtime.kv_cache import CapacityError
 from ..runtime.request import Handle
 from ..runtime.sampling import SamplingParams
 from ..runtime.scheduler import QueueFull
-from ..runtime.strategies import STRATEGIES, make_strategy
+from ..runtime.strategies import STRATEGIES
 from ..runtime.text import TextStream
 from .protocol import ApiError, ChatRequest, Speculative, _Sampling
 
@@ -54,7 +54,7 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
     gen = svc.gen
     limits = [t for t in (body.timeout, svc.timeout) if t is not None]   # the client may only shorten it
     try:
-        strat = make_strategy(name, **{**(gen.strategy_options.get(name) or {}), **opts})
+        strat = gen.strategy(name, **opts)
         room = room_for(len(prompt_ids), strat, gen.capacity)
         default = max(1, room) if isinstance(body, ChatRequest) else COMPLETION_DEFAULT_MAX_TOKENS
         limit = body.limit() or default

@@ -57,7 +57,8 @@ from typing import Callable
 import torch
 
 from ..errors import RequestError
-from .datasets import Prompt, encode, load_prompts
+from ..runtime.prompts import Prompt, encode
+from .datasets import load_prompts
 from .memory import reset_peak_rss, status_mb
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
@@ -196,7 +197,7 @@ class Bench:
 
     def __init__(self, folder: Path, opts: BenchOptions, strategy_options: dict | None = None,
                  backend: str | None = None, threads: int | None = None, config=None):
-        from ..engines.load import load_generator
+        from ..assembly.load import load_generator
         self.opts = opts
         # Requests run one after another here: one slot, so peak memory compares with the HF peers.
         self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1)
@@ -461,8 +462,8 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
                stride: int = 1, concurrency: str | None = None, plan_costs: str | None = None,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
-    from ..config import Config, load_config
-    from ..engines.load import engines_for_config
+    from ..assembly.config import Config, load_config
+    from ..assembly.cache import engines_for_config
     from ..engines.manifest import verify
     from ..runtime.strategies import STRATEGIES
     from .bench_report import aggregate_table
@@ -515,7 +516,7 @@ def parse_levels(text: str | None) -> list[int]:
 def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int], backend, threads, cfg, command,
                  log) -> dict:
     """`bench --concurrency`: see tools/bench_concurrency.py."""
-    from ..engines.load import load_generator
+    from ..assembly.load import load_generator
     with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels)) as gen:
         return _concurrency_loaded(gen, folder, opts, out, levels, threads, cfg, command, log)
 

@@ -16,28 +16,15 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TrtspecError
+from ..runtime.prompts import Prompt, PromptError
 
 DATASETS = ("humaneval", "mtbench")
 
 
-class DatasetError(TrtspecError, ValueError):
-    """A dataset or prompt that cannot be used (missing pack, no chat template, bad JSONL)."""
-
-
-@dataclass
-class Prompt:
-    id: str
-    text: str | None = None                   # plain text (completion, or one user turn with --chat)
-    messages: list[dict] | None = None        # chat messages: always through the chat template
-    meta: dict = field(default_factory=dict)  # e.g. MT-Bench category
-
-    @property
-    def needs_chat(self) -> bool:
-        return self.messages is not None
+class DatasetError(PromptError):
+    """A dataset that cannot be used (missing pack, bad JSONL)."""
 
 
 def _package_dir(module: str, pip_name: str, dataset: str) -> Path:
@@ -132,23 +119,3 @@ def load_prompts(dataset: str, limit: int | None = None, stride: int = 1) -> lis
         raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench or a .jsonl file")
     prompts = prompts[::stride]
     return prompts[:limit] if limit else prompts
-
-
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def encode(prompt: Prompt, tokenizer, chat: bool = False) -> list[int]:
-    """Token ids of a prompt: raw text, or the chat template (messages, or text with chat=True)."""
-    if prompt.needs_chat or chat:
-        if not has_chat_template(tokenizer):
-            why = "MT-Bench and chat-message prompts need" if prompt.needs_chat else "--chat needs"
-            raise DatasetError(f"{why} a chat template, and this model's tokenizer has none; use a model with "
-                               "one, or plain-text prompts (--dataset humaneval without --chat, or a JSONL of "
-                               "{\"id\", \"prompt\"})")
-        messages = prompt.messages or [{"role": "user", "content": prompt.text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):          # BatchEncoding / dict in newer transformers
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(prompt.text)["input_ids"]]

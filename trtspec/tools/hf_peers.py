@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import DTYPES
+from ..export.spec import DTYPES
 from ..errors import RequestError
 from ..export.spec import ModelSpec, SpecError
 
@@ -96,8 +96,8 @@ def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: 
 
 def hf_model_from_engine(folder: str | Path, role: str = "target", dtype: torch.dtype | None = None):
     """The transformers model of an engine folder's `role` (target / draft), on the same weights
-    (engines.load.torch_model: the folder's torch weights, or the config's source)."""
-    from ..engines.load import torch_model
+    (assembly.load.torch_model: the folder's torch weights, or the config's source)."""
+    from ..assembly.load import torch_model
 
     folder = Path(folder)
     manifest = json.loads((folder / "manifest.json").read_text())

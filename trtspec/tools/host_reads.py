@@ -75,6 +75,7 @@ class HostReads(TorchFunctionMode):
 
 def count(name: str, sampling, target, draft, tokens: int) -> dict:
     """Reads per target step of strategy `name`, split into verification and drafting."""
+    from ..runtime import step as step_mod
     from ..runtime import verify as verify_mod
     from ..runtime.decode import DecodeState
     from ..runtime.runner import ModelRunner, drive
@@ -91,26 +92,26 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
         drive(d_run.prefill(prompt[:-1]))
     reads = HostReads()
     reads.phase = "draft"
-    step, walk = DecodeState.verify_and_commit, verify_mod.sampling_choice
+    commit, walk = step_mod.verify_and_commit, verify_mod.sampling_choice
 
-    def verify_phase(self, *args, **kwargs):
+    def verify_phase(*args, **kwargs):
         reads.phase = "verify"
         try:
-            return (yield from step(self, *args, **kwargs))
+            return (yield from commit(*args, **kwargs))
         finally:
             reads.phase = "draft"
-    DecodeState.verify_and_commit = verify_phase
+    step_mod.verify_and_commit = verify_phase
     verify_mod.sampling_choice = lambda *a: walk(*a, early_exit=False)     # the walk as a GPU runs it
     try:
         with reads.uncounted(target, draft), reads:
-            while st.length < len(prompt) + tokens:
-                st.append(drive(strat.step(st)))
+            while st.n_tokens < len(prompt) + tokens:
+                st.append(drive(step_mod.step(st, strat)))
     finally:
-        DecodeState.verify_and_commit, verify_mod.sampling_choice = step, walk
+        step_mod.verify_and_commit, verify_mod.sampling_choice = commit, walk
     steps = len(st.steps)
     per_step = {ph: sum(reads.counts.get(ph, Counter()).values()) / steps for ph in ("verify", "draft")}
     return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "steps": steps,
-            "tokens": st.length - len(prompt), "verify_reads_per_step": per_step["verify"],
+            "tokens": st.n_tokens - len(prompt), "verify_reads_per_step": per_step["verify"],
             "draft_reads_per_step": per_step["draft"],
             "draft_reads": dict(reads.counts.get("draft", Counter()).most_common(4))}
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
-from ..engines.load import load_engine, torch_model
+from ..assembly.config import Config
+from ..assembly.backends import LoadOptions
+from ..assembly.load import load_engine, torch_model
 from ..engines.torch_engine import TorchEngine
 from ..engines.manifest import verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
@@ -70,7 +71,7 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
             if backend == "torch":                # the reference: the folder's weights, or the source's
                 engine = TorchEngine(torch_model(folder, role, info, m["config"]))
             else:
-                engine = load_engine(folder, role, info, backend, threads=cfg.threads)
+                engine = load_engine(folder, role, info, backend, LoadOptions(threads=cfg.threads))
         except Exception as e:                    # a backend that cannot run this folder here
             lines.append(f"{backend:<12} skipped: {e}")
             continue

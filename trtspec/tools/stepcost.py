@@ -15,7 +15,7 @@ import json
 import click
 import torch
 
-from ..config import BACKENDS
+from ..assembly.backends import NAMES as BACKENDS
 from ..options import MAX_STEP_TOKENS
 from ..runtime.costs import step_costs
 
@@ -35,7 +35,7 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_d
     """Time one target (or draft) forward over T new tokens after CACHED cached ones."""
     from pathlib import Path
 
-    from ..engines.load import load_role, open_folder
+    from ..assembly.load import load_role, open_folder
     from ..errors import TrtspecError
     from ..runtime.runner import ModelRunner
     try:

@@ -3,7 +3,7 @@
     .venv/bin/python docs/bench/attention-inplace/staging_time.py {64|1} ENGINES
 """
 import sys, time, json, torch
-from trtspec.engines.load import load_generator
+from trtspec.assembly.load import load_generator
 from trtspec.runtime import batch
 from trtspec.tools.datasets import load_prompts, encode
 

@@ -1,7 +1,14 @@
-"""Decoding strategies, by name. Each file holds one strategy; all share the same machinery."""
+"""Decoding strategies, by name: the registry. Each file holds one strategy (a proposer, see base.py);
+adding one is its file plus one line in STRATEGIES.
+
+`strategy(spec, configured, has_draft)` is the one place a strategy spec becomes a checked strategy
+object, for the CLI, the server, `Generator` and loading alike: "staged:budget=12" is the name, the
+config's options for it, then the overrides, made (options checked) and checked runnable.
+"""
 from __future__ import annotations
 
-from ...errors import ConfigError
+from ...errors import ConfigError, RequestError
+from ...options import MAX_STEP_TOKENS
 from .ar import Autoregressive
 from .base import Strategy
 from .cascade import Cascade
@@ -55,5 +62,30 @@ def make_strategy(name: str, /, **options) -> Strategy:
     return STRATEGIES[name](**options)
 
 
-__all__ = ["Strategy", "STRATEGIES", "make_strategy", "resolve", "split_spec", "Autoregressive", "ChainSpeculative", "NGramSpeculative",
+def check(strat: Strategy, has_draft: bool) -> None:
+    """RequestError unless `strat` can run: its step fits one model call, and it has its draft."""
+    if strat.max_tree_size() > MAX_STEP_TOKENS:
+        raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
+                           f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
+                           "lower its budget / k (with auto: max_budget / max_k / max_k_draft) in the config")
+    if strat.needs_draft and not has_draft:
+        raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
+                           "add a draft to the config or use --strategy ar / ngram")
+
+
+def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, has_draft: bool = True,
+             **overrides) -> Strategy:
+    """The strategy a spec names ("staged", "staged:budget=12", or a Strategy object as it is): the
+    configured options for it, the spec's overrides, then `overrides`; checked runnable with or
+    without a draft model."""
+    if isinstance(spec, Strategy):
+        strat = spec
+    else:
+        name, options = resolve(spec, configured or {})
+        strat = make_strategy(name, **{**options, **overrides})
+    check(strat, has_draft)
+    return strat
+
+
+__all__ = ["Strategy", "STRATEGIES", "check", "make_strategy", "resolve", "split_spec", "strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative",
            "Staged", "DySpec", "GSD", "Cascade"]

@@ -1,14 +1,13 @@
-"""ar: plain autoregressive decoding, as the verification of a one-node tree (the root)."""
+"""ar: plain autoregressive decoding, the proposal of the root alone (a one-node tree)."""
 from __future__ import annotations
 
 from ..decode import DecodeState
 from ..runner import Calls
-from ..tree import TokenTree
 from .base import Strategy
 
 
 class Autoregressive(Strategy):
     name = "ar"
 
-    def step(self, st: DecodeState) -> Calls:
-        return (yield from st.verify_and_commit(TokenTree.chain(st.root, [])))[0]
+    def propose(self, st: DecodeState) -> Calls:
+        return (yield from self.root_only(st))

@@ -1,11 +1,12 @@
 """Strategy: the one-method interface every decoding strategy implements.
 
-A strategy's `step(state)` drafts however it likes, ends with `yield from state.verify_and_commit(tree)`
-(the shared exact target step), commits its draft KV if it has a draft model, and returns the
-emitted tokens. It is a coroutine of model calls (runner.py): every draft or target forward is
-`yield from`, so the scheduler can batch the calls of many requests. Strategies share TokenTree /
-DraftTree / verification / KV machinery; none re-implements it. A strategy object holds options
-only; per-request state lives in the DecodeState it is given.
+A strategy is a proposer. `propose(state)` drafts however it likes and returns a `Proposal`: the
+token tree the target verifies and, for a draft model, which draft KV row belongs to each node. It
+is a coroutine of model calls (runner.py): every draft forward is `yield from`, so the scheduler
+can batch the calls of many requests. The shared step (step.py) then verifies, commits the target
+and draft caches, and reports; no strategy verifies or commits. Sizing decisions go to the request's
+budget (`state.budget`: fixed or auto, always present). A strategy object holds options only;
+per-request state lives in the DecodeState it is given.
 
 Options are the `__init__` parameters, typed and bounded with `trtspec.options` aliases; every
 construction (from a config or from Python) is checked, and a bad option is one ConfigError line
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from ...options import checked_init
 from ..decode import DecodeState
+from ..proposal import Proposal
 from ..runner import Calls
 
 
@@ -35,16 +37,22 @@ class Strategy:
                 pass
         cls.__init__ = checked_init(f"strategies.{cls.name}")(own)
 
-    def step(self, st: DecodeState) -> Calls:
-        """One decoding step for one request (a coroutine); returns the emitted tokens."""
+    def propose(self, st: DecodeState) -> Calls:
+        """The tree this step verifies (a coroutine of draft calls); returns a Proposal."""
         raise NotImplementedError
+
+    @staticmethod
+    def root_only(st: DecodeState) -> Calls:
+        """The root alone (a coroutine that makes no model call)."""
+        return Proposal.root(st.root)
+        yield                                       # noqa: unreachable: makes this a coroutine
 
     def max_tree_size(self) -> int:
         """Largest tree one step can send to the target, root included."""
         return 1
 
     def auto_nodes(self) -> int | None:
-        """With budget auto: the most nodes the policy may add to a tree (its cap); None: fixed."""
+        """With budget auto: the most nodes the budget may add to a tree (its cap); None: fixed."""
         return None
 
     def max_draft_rows(self) -> int:

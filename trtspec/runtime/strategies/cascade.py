@@ -11,14 +11,12 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
 - Lenience applies below the top only; every level below the target is deterministic, so the
   target verifies with q = one-hot: greedy output is the target's greedy output and sampling is exact.
 
-With `k_draft: auto` (the default; cap `max_k_draft`) the policy (adaptive.py) vets every token of the
+With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) vets every token of the
 reviewed tier (its calibrated acceptance must pay for its verify cost) and every review forward; the
 raw MaG tier (no draft probabilities to value it by) stays `k_mag` tokens after a non-empty chain; a
 step where nothing pays is a plain ar step.
 """
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -60,55 +58,44 @@ class Cascade(Strategy):
     def max_draft_rows(self) -> int:
         return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens
 
-    def step(self, st: DecodeState) -> Calls:
-        pol = st.policy
-        if not st.will_draft():
-            return (yield from st.ar_step())
-        t0 = time.perf_counter()
+    def propose(self, st: DecodeState) -> Calls:
+        budget = st.budget
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
         tree = yield from DraftTree.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
-        if pol is not None:
-            pol.opened(len(tree.pending))
         chain: list[int] = []                       # node ids, in order
         last, value = 0, {0: 1.0}
         while len(chain) < self.kd:
-            tok, v = tree.top[last][1][0], 0.0      # the draft's own token
-            if pol is not None:
-                q = tree.top[last][0][0]
-                pol.saw_top1(q)
-                v = pol.value(value[last], q)
-                if not pol.worth(v, ahead=self.kd - len(chain) - 1):
-                    break
-                pol.add(v)
+            q, tok = tree.top[last][0][0], tree.top[last][1][0]     # the draft's own token
+            budget.saw_top1(q)
+            v = budget.value(value[last], q)
+            if not budget.worth(v, ahead=self.kd - len(chain) - 1):
+                break
+            budget.add(v)
             node = tree.add(last, tok)
             value[node] = v
             chain.append(node)
             if len(chain) >= self.kd:
                 break                                # a leaf: no need to feed it
             proposal = self.mag.propose(tree.context(node), self.mag_len)
-            if pol is not None:
-                if not pol.worth_feeding([], [value[node]], 1 + len(proposal), ahead=self.kd - len(chain)):
-                    break
-                pol.draft_forward(1 + len(proposal))
+            if not budget.worth_feeding([], [value[node]], 1 + len(proposal), ahead=self.kd - len(chain)):
+                break
+            budget.draft_forward(1 + len(proposal))
             fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)
-            for kept in fed[1:]:
-                if pol is not None:                  # a kept review token must pay for its verify cost too
-                    parent = int(tree.parents[kept])
-                    v = pol.value(value[parent], tree.prob(parent, int(tree.tokens[kept])))
-                    if not pol.worth(v):
-                        tree.alive[kept:tree.size] &= ~tree.anc[kept:tree.size, kept]
-                        break
-                    pol.add(v)
-                    value[kept] = v
+            for kept in fed[1:]:                     # a kept review token must pay for its verify cost too
+                parent = int(tree.parents[kept])
+                v = budget.value(value[parent], tree.prob(parent, int(tree.tokens[kept])))
+                if not budget.worth(v):
+                    tree.cut(kept)
+                    break
+                budget.add(v)
+                value[kept] = v
                 chain.append(kept)
             last = chain[-1]
         if chain:
             for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
                 chain.append(tree.add(chain[-1], int(tok)))
-                if pol is not None:
-                    pol.add(0.0)                     # verified, so counted; no probability to value it by
-        st.draft_seconds = time.perf_counter() - t0
-        return (yield from tree.finish([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept))[0]
+                budget.add(0.0)                      # verified, so counted; no probability to value it by
+        return tree.proposal([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)
 
 
 def _bigram(path: str) -> np.ndarray:

@@ -12,14 +12,13 @@ child's q so Sequoia/DySpec recursive rejection verifies exactly. Under greedy t
 - threshold (Algorithm 2): layer by layer, one batched draft forward per layer; at every leaf keep
   drawing children while the slot value v > t (the paper prints `v < t`, a typo), capped by budget.
 
-With `budget: auto` (the default; cap `max_budget`) the policy (adaptive.py) also vets every drawn
+With `budget: auto` (the default; cap `max_budget`) the budget (budget/auto.py) also vets every drawn
 child (its calibrated acceptance must pay for its verify cost, else drafting ends) and every draft
 forward; a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
 
 import heapq
-import time
 
 import torch
 
@@ -61,21 +60,20 @@ class DySpec(Strategy):
 
     def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor, value: dict):
         """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
-        policy (budget auto) finds the child not worth verifying. `value`: calibrated node values."""
-        pol, v = st.policy, 0.0
+        budget finds the child not worth verifying. `value`: the nodes' values."""
+        budget, greedy = st.budget, st.sampling.greedy
         ahead = self.max_depth - int(tree.depth[parent]) - 1     # draft forwards still possible below it
-        if pol is not None and not st.sampling.greedy:      # decided before the draw (adaptive.draw_value)
-            v = pol.draw_value(value[parent], residual, tree.probs[parent])
-            if not pol.worth(v, ahead):
+        if not greedy:                                  # decided before the draw (budget.draw_value)
+            v = budget.draw_value(value[parent], residual, tree.probs[parent])
+            if not budget.worth(v, ahead):
                 return None
         y = self._draw(st, residual)
-        if pol is not None and st.sampling.greedy:          # the draw is the argmax: its own value
-            v = pol.value(value[parent], tree.prob(parent, y))
-            if not pol.worth(v, ahead):
+        if greedy:                                      # the draw is the argmax: its own value
+            v = budget.value(value[parent], tree.prob(parent, y))
+            if not budget.worth(v, ahead):
                 return None
-        if pol is not None:
-            pol.add(v)
-        node = tree.add(parent, y, q=None if st.sampling.greedy else residual.clone())
+        budget.add(v)
+        node = tree.add(parent, y, q=None if greedy else residual.clone())
         value[node] = v
         ry = float(residual[y])
         rest = residual.clone()
@@ -83,41 +81,33 @@ class DySpec(Strategy):
         total = float(rest.sum())
         return node, ry, (rest / total if total > 0 else None)
 
-    def step(self, st: DecodeState) -> Calls:
-        if not st.will_draft():
-            return (yield from st.ar_step())
-        t0 = time.perf_counter()
+    def propose(self, st: DecodeState) -> Calls:
         tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
-        if st.policy is not None:
-            st.policy.opened(len(tree.pending))
-            st.policy.saw_top1(tree.top[0][0][0])
+        st.budget.saw_top1(tree.top[0][0][0])
         if self.variant == "heap":
             yield from self._heap(st, tree)
         else:
             yield from self._threshold(st, tree)
-        st.draft_seconds = time.perf_counter() - t0
-        return (yield from tree.finish())[0]
+        return tree.proposal()
 
     def _heap(self, st: DecodeState, tree: DraftTree) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
-        pol, value = st.policy, {0: 1.0}
+        budget, value = st.budget, {0: 1.0}
         heap = [(-1.0, 0, 0, tree.probs[0])]
         count, added = 1, 0
         while heap and added < self.nodes:
             slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.nodes - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
-            if unfed and pol is not None:
-                fed_slots = [value[parent] * pol.top1 for _, _, parent, res in slots if res is not None]
-                if pol.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed),
-                                    ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed)):
-                    pol.draft_forward(len(unfed))
-                else:                                   # budget auto: their children are not worth a forward
-                    slots, unfed = [sl for sl in slots if sl[3] is not None], []
             if unfed:
-                yield from tree.feed(unfed)
-                if pol is not None:
+                fed_slots = [value[parent] * budget.top1 for _, _, parent, res in slots if res is not None]
+                if budget.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed),
+                                        ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed)):
+                    budget.draft_forward(len(unfed))
+                    yield from tree.feed(unfed)
                     for n in unfed:
-                        pol.saw_top1(tree.top[n][0][0])
+                        budget.saw_top1(tree.top[n][0][0])
+                else:                                   # budget auto: their children are not worth a forward
+                    slots = [sl for sl in slots if sl[3] is not None]
             for neg, _, parent, res in slots:
                 v = -neg
                 if res is None:
@@ -135,15 +125,15 @@ class DySpec(Strategy):
                     count += 1
 
     def _threshold(self, st: DecodeState, tree: DraftTree) -> Calls:
-        pol, value = st.policy, {0: 1.0}
+        budget, value = st.budget, {0: 1.0}
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
             if depth > 0:
-                if pol is not None:
-                    if not pol.worth_feeding([], [value[n] for n, _ in leaves], len(leaves), ahead=self.max_depth - depth):
-                        return
-                    pol.draft_forward(len(leaves))
+                if not budget.worth_feeding([], [value[n] for n, _ in leaves], len(leaves),
+                                            ahead=self.max_depth - depth):
+                    return
+                budget.draft_forward(len(leaves))
                 yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer
             new = []
             for node, v in leaves:

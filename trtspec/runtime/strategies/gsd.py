@@ -13,13 +13,12 @@ deterministic, so sampling verification uses the exact q = one-hot rule (not the
 biased min(1, p/q) acceptance). Draft KV fix-up: nodes reached through a merged edge are `borrowed`;
 the draft commit stops there and those accepted tokens are re-fed as pending next step.
 
-With `budget: auto` (the default; cap `max_budget`) the policy (adaptive.py) vets each depth's draft
+With `budget: auto` (the default; cap `max_budget`) the budget (budget/auto.py) vets each depth's draft
 forward and each node of the unrolled tree (a node whose calibrated acceptance does not pay for its
 verify cost is left out, with its subtree); a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 
 import numpy as np
@@ -95,35 +94,27 @@ class GSD(Strategy):
             stack += tree.children(u).tolist() + merged.get(u, [])
         return False
 
-    def step(self, st: DecodeState) -> Calls:
-        pol = st.policy
-        if not st.will_draft():
-            return (yield from st.ar_step())
-        t0 = time.perf_counter()
+    def propose(self, st: DecodeState) -> Calls:
+        budget = st.budget
         tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
-        path_p = {0: 1.0}                       # cumulative draft probability (budget auto: calibrated)
-        if pol is not None:
-            pol.opened(len(tree.pending))
+        path_p = {0: 1.0}                       # each node's value: its (calibrated) path probability
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
         confident = {0: True}
         frontier, merges = [0], 0
         for depth in range(self.max_depth):
             if depth > 0:
-                if pol is not None:
-                    # its nodes join the tree at the end (_unroll): all of them are known candidates
-                    if not pol.worth_feeding([v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
-                                             len(frontier), ahead=self.max_depth - depth):
-                        break
-                    pol.draft_forward(len(frontier))
+                # its nodes join the tree at the end (_unroll): all of them are known candidates
+                if not budget.worth_feeding([v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
+                                            len(frontier), ahead=self.max_depth - depth):
+                    break
+                budget.draft_forward(len(frontier))
                 yield from tree.feed(frontier)
             new = []
             for node in frontier:
                 probs, toks = tree.top[node]       # read with the forward that fed it
-                p1 = probs[0]
-                if pol is not None:
-                    pol.saw_top1(p1)
+                budget.saw_top1(probs[0])
                 for prob, tok in zip(probs, toks):
-                    if prob < self.sibling_ratio * p1 or tree.size >= self.max_draft_nodes:
+                    if prob < self.sibling_ratio * probs[0] or tree.size >= self.max_draft_nodes:
                         continue
                     m = self._match(tree, node, tok, merged)
                     if m >= 0:
@@ -131,22 +122,20 @@ class GSD(Strategy):
                         merges += 1
                         continue
                     child = tree.add(node, tok)
-                    path_p[child] = pol.value(path_p[node], prob) if pol is not None else path_p[node] * prob
+                    path_p[child] = budget.value(path_p[node], prob)
                     confident[child] = confident[node] and prob >= self.confidence
                     new.append(child)
             if not any(confident[c] for c in new):
                 break
             frontier = new
-        nodes = self._unroll(tree, merged, pol)
-        st.draft_seconds = time.perf_counter() - t0
-        emitted, path = yield from tree.finish(nodes, merges=merges)
-        st.steps[-1].extra["merged_path"] = bool(tree.borrowed[path].any())
-        return emitted
+        proposal = tree.proposal(self._unroll(tree, merged, budget), merges=merges)
+        proposal.path_flags["merged_path"] = np.array(proposal.nodes["borrowed"])
+        return proposal
 
-    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], pol=None) -> list[int]:
+    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], budget) -> list[int]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
         as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes.
-        With the policy (budget auto), the tree is the best-value prefix that pays (`take`): a
+        The tree is the best-value prefix the budget takes (`take`; all of it when fixed): a
         child's value never exceeds its parent's, so the prefix keeps every kept node's parent."""
         dag = {g: tree.children(g).tolist() for g in range(tree.size)}   # before copies are added
         plan = [(-1, 0, 1.0)]                    # (parent entry, DAG node, value) in BFS order
@@ -157,19 +146,17 @@ class GSD(Strategy):
             for c in dag[g] + merged.get(g, []):
                 if len(plan) > self.nodes:
                     break
-                cv = pol.value(v, tree.prob(g, int(tree.tokens[c]))) if pol is not None else 0.0
+                cv = budget.value(v, tree.prob(g, int(tree.tokens[c])))
                 plan.append((i, c, cv))
                 queue.append(len(plan) - 1)
-        chosen = list(range(1, len(plan)))
-        if pol is not None:                      # stable: a parent (earlier in BFS) before an equal child
-            chosen = sorted(chosen, key=lambda j: -plan[j][2])
-            chosen = sorted(chosen[: pol.take([plan[j][2] for j in chosen])])
+        # best value first, stable: a parent (earlier in BFS) before an equal child; then back in BFS order
+        chosen = sorted(range(1, len(plan)), key=lambda j: -plan[j][2])
+        chosen = sorted(chosen[: budget.take([plan[j][2] for j in chosen])])
         node_of, keep = {0: 0}, [0]
         for j in chosen:
             i, c, cv = plan[j]
             g, t = plan[i][1], node_of[i]
             node_of[j] = c if t == g and c in dag[g] else tree.add(t, int(tree.tokens[c]), borrowed=True)
             keep.append(node_of[j])
-            if pol is not None:
-                pol.add(cv)
+            budget.add(cv)
         return keep

@@ -1,11 +1,10 @@
 """ngram: chain decoding whose drafts come from the n-gram drafter (no draft model, ~µs drafts)."""
 from __future__ import annotations
 
-import time
-
 from ..decode import DecodeState
 from ..runner import Calls
 from ..ngram import NGramDrafter
+from ..proposal import Proposal
 from ..tree import TokenTree
 from typing import Annotated
 
@@ -29,8 +28,6 @@ class NGramSpeculative(Strategy):
     def max_tree_size(self) -> int:
         return self.k + 1
 
-    def step(self, st: DecodeState) -> Calls:
-        t0 = time.perf_counter()
-        drafts = self.drafter.propose(st.tokens(), self.k)
-        st.draft_seconds = time.perf_counter() - t0
-        return (yield from st.verify_and_commit(TokenTree.chain(st.root, drafts)))[0]
+    def propose(self, st: DecodeState) -> Calls:
+        return Proposal(TokenTree.chain(st.root, self.drafter.propose(st.tokens(), self.k)))
+        yield                                       # noqa: unreachable: a coroutine with no model call

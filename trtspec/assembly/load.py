@@ -1,43 +1,21 @@
-"""Engine folder -> Generator (verified manifest, engines for the chosen backend, tokenizer).
-
-`engines_for_config` is what `trtspec run --config` uses: build into the cache folder on first use
-(keyed by the config's digest), reuse after.
-"""
+"""Engine folder -> Generator (verified manifest, engines for the chosen backend, tokenizer)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from ..config import DTYPES, Config
+from ..export.spec import DTYPES
+from .config import Config
 from ..export.model import Decoder
 from ..export.spec import ModelSpec
 from ..runtime.generator import Generator
-from .base import Engine
-from .manifest import COSTS_FILE, EngineError, verify
+from ..runtime.engine import Engine
+from ..engines.manifest import EngineError, verify
+from ..runtime.costs import COSTS_FILE
+from .backends import BACKENDS, LoadOptions
 from .memory import fit
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec"))
-
-
-def engines_for_config(cfg: Config, log=print, backend: str | None = None) -> Path:
-    """The cached engine folder of `cfg` (for `backend`, default the config's), built on first use."""
-    from .build import build_engines
-    cfg = cfg.with_backend(backend)
-    folder = cache_root() / "engines" / f"{cfg.name}-{cfg.digest()}"
-    if (folder / "manifest.json").exists():
-        try:
-            verify(folder)
-            return folder
-        except EngineError as e:
-            log(f"cached engines unusable ({e}); rebuilding")
-    log(f"building engines for {cfg.name} into {folder} (first use only)")
-    # reuse: another process may finish building the same folder while this one waits for its lock
-    return build_engines(cfg, folder, force=True, log=log, reuse=True)
 
 
 def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
@@ -47,46 +25,16 @@ def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
     if "weights" in info["artifacts"]:
         state = load_file(str(folder / info["artifacts"]["weights"]))
         return Decoder.from_state(ModelSpec.from_dict(info["spec"]), state, DTYPES[info["dtype"]])
-    from ..export.sources import load_model
+    from .sources import load_model
     cfg = Config.from_dict(config)
     return load_model(cfg.target if role == "target" else cfg.draft, role)
 
 
-def load_engine(folder: Path, role: str, info: dict, backend: str, threads: int, quantize: str = "none",
-                device: str = "cpu", cuda_graphs: bool = False, profile_prefix: str | None = None) -> Engine:
-    spec = ModelSpec.from_dict(info["spec"])
-    arts = info["artifacts"]
-    if backend == "torch":
-        model = Decoder.from_state(spec, load_file(str(folder / arts["weights"])), DTYPES[info["dtype"]])
-        from .quantize import quantize_decoder
-        from .torch_engine import TorchEngine
-        model = quantize_decoder(model, quantize)
-        if cuda_graphs:
-            from .cuda_graphs import GraphedTorchEngine
-            return GraphedTorchEngine(model, device)
-        return TorchEngine(model, device)
-    if backend == "onnxruntime":
-        if device == "cuda" and cuda_graphs:     # not exercised in CI (no GPU): see the module
-            from .onnxruntime_cuda import OrtCudaGraphEngine
-            for key in ("onnx_fp16", "onnx_bf16", "onnx_fp32"):
-                if key in arts:
-                    return OrtCudaGraphEngine(folder / arts[key], spec, DTYPES[key.split("_")[1]])
-        from .onnxruntime_engine import OrtEngine
-        for key in BACKEND_ARTIFACTS["onnxruntime"]:              # preferred first
-            if key in arts:
-                return OrtEngine(folder / arts[key], spec, intra_op_threads=threads or None,
-                                 profile_prefix=profile_prefix)
-        raise EngineError(f"{folder}: no ONNX model for {role} that ONNX Runtime on CPU can run (fp32/fp16); "
-                          "rebuild with --backend onnxruntime and build.onnx_dtypes: [fp32]")
-    if backend == "tensorrt":
-        plans = [k for k in arts if k.startswith("plan_")]      # open_folder checked there is one
-        from .tensorrt_engine import TrtEngine   # not exercised in CI (see the module docstring)
-        return TrtEngine(folder / arts[plans[0]], spec, cuda_graphs=cuda_graphs)
-    raise EngineError(f"unknown backend {backend!r}; choose torch, onnxruntime or tensorrt")
-
-
-BACKEND_ARTIFACTS = {"torch": ("weights",), "onnxruntime": ("ort_fp32", "onnx_fp32", "ort_fp16", "onnx_fp16"),
-                     "tensorrt": ("plan_fp32", "plan_fp16", "plan_bf16")}
+def load_engine(folder: Path, role: str, info: dict, backend: str, opts: LoadOptions = LoadOptions()) -> Engine:
+    """The engine of one model of a folder, as `backend` runs it (backends.py)."""
+    if backend not in BACKENDS:
+        raise EngineError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[backend].load(folder, role, info, opts)
 
 
 def open_folder(folder: str | Path, backend: str | None = None, config: Config | None = None
@@ -106,12 +54,12 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
                               f"rebuild: trtspec build --config {config.source or 'CONFIG'} --output {folder}")
         cfg = config
     backend = backend or manifest.get("backend") or cfg.backend
-    if backend not in BACKEND_ARTIFACTS:
-        raise EngineError(f"{folder}: unknown backend {backend!r}; choose one of {', '.join(BACKEND_ARTIFACTS)}")
+    if backend not in BACKENDS:
+        raise EngineError(f"{folder}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     cfg = cfg.with_backend(backend)              # the backend's own config rules, checked again
     check_runnable(cfg)
     for role, info in manifest["models"].items():
-        if not set(BACKEND_ARTIFACTS[backend]) & set(info["artifacts"]):
+        if not set(BACKENDS[backend].artifacts) & set(info["artifacts"]):
             built = manifest.get("backend", cfg.backend)
             raise EngineError(f"{folder} was built for {built} and has no {backend} artifacts for the {role}; "
                               f"run it with --backend {built}, or rebuild: trtspec build --config "
@@ -122,11 +70,9 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
 
 def check_runnable(cfg: Config) -> None:
     """EngineError if this machine cannot run `cfg` (its backend or device), before any engine loads."""
-    if cfg.backend == "tensorrt":
-        from .tensorrt_build import tensorrt_unavailable_reason
-        reason = tensorrt_unavailable_reason()
-        if reason:
-            raise EngineError(f"cannot run TensorRT plans here: {reason}; use --backend onnxruntime or torch")
+    reason = BACKENDS[cfg.backend].unavailable()
+    if reason:
+        raise EngineError(f"cannot run backend {cfg.backend} here: {reason}; use --backend onnxruntime or torch")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise EngineError("the config says device: cuda but no CUDA GPU is visible to torch; set device: cpu "
                           "or run on a machine with a GPU (and torch built with CUDA)")
@@ -136,8 +82,8 @@ def load_role(folder: Path, role: str, manifest: dict, cfg: Config, backend: str
               profile_prefix: str | None = None) -> Engine:
     """The engine of `role` as the config runs it (device, CUDA graphs, a torch draft's int8)."""
     quantize = cfg.draft.quantize if role == "draft" else "none"
-    return load_engine(folder, role, manifest["models"][role], backend, threads, quantize=quantize,
-                       device=cfg.device, cuda_graphs=cfg.cuda_graphs, profile_prefix=profile_prefix)
+    return load_engine(folder, role, manifest["models"][role], backend,
+                       LoadOptions(threads, quantize, cfg.device, cfg.cuda_graphs, profile_prefix))
 
 
 def measure_costs(folder: str | Path, threads: int | None = None, backend: str | None = None, log=print):
@@ -202,6 +148,6 @@ def costs_key(cfg: Config, backend: str, threads: int) -> dict:
 
 def uses_auto(cfg: Config) -> bool:
     """Whether any strategy of the config (its default or one configured) sizes its trees per step."""
-    from ..runtime.strategies import make_strategy
+    from ..runtime.strategies import strategy
     names = {cfg.strategy, *cfg.strategies}
-    return any(make_strategy(n, **(cfg.strategies.get(n) or {})).auto_nodes() is not None for n in names)
+    return any(strategy(n, cfg.strategies).auto_nodes() is not None for n in names)

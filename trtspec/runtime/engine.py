@@ -7,8 +7,9 @@ request with its own KV slot:
                                         attn_mask[B, T, C+T], logit_rows[B, R])
 
 Row b reads the first C = attn_mask.shape[2] - T rows of `caches[b]` (rows past its `used` are
-stale and must be masked by the caller), writes its T new keys/values at `caches[b].used` and
-advances that cache by T. The returned float32 logits may be a view of an engine-owned buffer
+stale and must be masked by the caller) and writes its T new keys/values at `caches[b].used`. An
+engine never moves a cache's bookkeeping: the caller (the Batcher) advances it after the step. The
+interface lives in the runtime, which owns it; backends (trtspec/engines/) implement it. The returned float32 logits may be a view of an engine-owned buffer
 (`logits_in_own_buffer`): read them before the next step. `step` is the one-row form of the call.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..export.spec import ModelSpec
-from ..runtime.kv_cache import KVCache, KVPool
+from .kv_cache import KVCache, KVPool
 
 
 class Engine(ABC):

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-from ..config import ConfigError, ModelEntry
-from .model import Decoder
-from .spec import ModelSpec
-from .tiny import tiny_pair, tiny_spec
+from .config import ConfigError, ModelEntry
+from ..export.model import Decoder
+from ..export.spec import ModelSpec
+from ..export.tiny import tiny_pair, tiny_spec
 
 TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 
@@ -24,8 +24,8 @@ def load_model(entry: ModelEntry, role: str) -> Decoder:
         seed = int(entry.model.split(":", 1)[1])
         target, draft = tiny_pair(tiny_spec(**entry.tiny.model_dump()), seed=seed, dtype=entry.torch_dtype)
         return target if role == "target" else draft
-    from .checkpoint import load_checkpoint
-    from .packs import resolve_model
+    from ..export.checkpoint import load_checkpoint
+    from ..export.packs import resolve_model
     spec, state = load_checkpoint(resolve_model(entry.model), dtype=entry.torch_dtype)
     if entry.layers:
         spec, state = truncate_layers(spec, state, entry.layers)
@@ -45,9 +45,9 @@ def truncate_layers(spec: ModelSpec, state: dict, n: int) -> tuple[ModelSpec, di
 
 
 def load_tokenizer_for(entry: ModelEntry):
-    from .tokenizer import load_tokenizer
+    from ..export.tokenizer import load_tokenizer
     if entry.model.startswith("tiny:"):
         return load_tokenizer(TINY_TOKENIZER)
-    from .packs import resolve_model
+    from ..export.packs import resolve_model
     return load_tokenizer(resolve_model(entry.model))
 

@@ -13,10 +13,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import DTYPES
+from ..export.spec import DTYPES
 from ..export.spec import ModelSpec
 from ..runtime.batch import MAX_BATCH_TOKENS
-from .manifest import EngineError
+from ..engines.manifest import EngineError
 
 GIB = 1 << 30
 SLACK = 0.9          # what may be planned of the available memory (the runtime, Python, allocator)

@@ -38,15 +38,15 @@ from filelock import FileLock, Timeout
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ..config import DTYPES, Config
+from ..export.spec import DTYPES
+from .config import Config
 from ..errors import Terminated
 from ..options import MAX_STEP_TOKENS
 from ..export.contract import io_spec
 from ..export.model import Decoder
-from ..export.sources import load_model, load_tokenizer_for
-from ..runtime.batch import MAX_BATCH_TOKENS
-from .manifest import EngineError, verify, write_manifest
-from .tensorrt_build import build_plan, tensorrt_unavailable_reason
+from .sources import load_model, load_tokenizer_for
+from ..engines.manifest import EngineError, verify, write_manifest
+from .backends import BACKENDS
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
 
@@ -67,9 +67,9 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
     cfg = cfg.with_backend(backend)          # the backend's own config rules, before anything is built
     if output.exists() and not force and not reuse:
         raise EngineError(f"{output} already exists; pass --force to replace it or choose another --output")
-    if backend == "tensorrt" and (reason := tensorrt_unavailable_reason()):
-        raise EngineError(f"cannot build TensorRT plans here: {reason}; build with --backend onnxruntime (or "
-                          "torch), or on a machine with TensorRT and a CUDA GPU")
+    if reason := BACKENDS[backend].unavailable():
+        raise EngineError(f"cannot build for backend {backend} here: {reason}; build with --backend onnxruntime "
+                          "(or torch), or on a machine with its libraries and device")
     output.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(output, log), interrupts():
         if reuse and intact(output):
@@ -179,7 +179,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     from ..export.spec import SpecError
     from ..export.tokenizer import check_same_vocab, eos_token_ids, save_tokenizer
 
-    want_onnx = backend in ("onnxruntime", "tensorrt")   # tensorrt: build_engines refused it where it cannot run
+    want_onnx = BACKENDS[backend].onnx        # build_engines refused a backend this machine cannot run
     roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
 
     tok = load_tokenizer_for(cfg.target)
@@ -233,32 +233,19 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
 def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str, quantize: str,
                  info: dict) -> dict[str, str]:
-    from ..export.onnx_export import export_onnx, optimize_for_ort, remove_graph
+    """The model as ONNX in dtype `dt` (weight-only quantized if asked), then what the backend makes
+    of it (backends.py `convert`: ORT's optimized graph, TensorRT plans)."""
+    from ..export.onnx_export import export_onnx, remove_graph
 
-    arts: dict[str, str] = {}
     m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
     path = folder / f"model.{dt}.onnx"
     export_onnx(m, path, opset=cfg.build.opset)
     if quantize != "none":              # the config allows it for onnxruntime fp32 only
-        from .quantize import quantize_onnx
+        from ..engines.quantize import quantize_onnx
         fp32, path = path, folder / f"model.{dt}-{quantize}.onnx"
         info["quantize"] = quantize_onnx(fp32, path, quantize, role)
         remove_graph(fp32)
-    arts[f"onnx_{dt}"] = f"{role}/{path.name}"
-    # ONNX Runtime's CPU optimizer has no bf16 kernels; its fused graph is for the CPU provider.
-    if backend == "onnxruntime" and cfg.build.optimize and dt != "bf16" and cfg.device == "cpu":
-        opt = path.with_name(path.name.replace(".onnx", ".ort.onnx"))
-        optimize_for_ort(path, opt)
-        arts[f"ort_{dt}"] = f"{role}/{opt.name}"
-        remove_graph(path)                                         # one copy of the weights per folder
-        del arts[f"onnx_{dt}"]
-    if backend == "tensorrt":
-        plan = folder / f"model.{dt}.plan"
-        # Batched steps pad the past to the longest row and T to the batch's: allow that headroom.
-        build_plan(path, plan, model.spec, cfg.max_seq_len + MAX_BATCH_TOKENS, PREFILL_CHUNK, max_step_tokens=128,
-                   max_batch=max(8, cfg.slots))
-        arts[f"plan_{dt}"] = f"{role}/{plan.name}"
-    return arts
+    return BACKENDS[backend].convert(cfg, model.spec, path, role, dt)
 
 
 def _cast(model: Decoder, dtype: torch.dtype) -> Decoder:

@@ -27,18 +27,17 @@ import torch
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
-from .options import MAX_STEP_TOKENS, PosInt, Strict, one_line
+from ..errors import ConfigError
+from ..export.spec import DTYPES
+from ..options import MAX_STEP_TOKENS, PosInt, Strict, one_line
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-BACKENDS = ("torch", "onnxruntime", "tensorrt")
-CONFIGS_DIR = Path(__file__).resolve().parent / "configs"   # shipped configs (package data)
+CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"   # shipped configs (package data)
 DEFAULT_CONFIG = "qwen2.5-coder-1.5b"
 # The torch.export-based ONNX exporter emits opset 18 and newer; 23 is the newest torch 2.13 writes.
 MIN_OPSET, MAX_OPSET = 18, 23
 
 Dtype = Literal["fp32", "fp16", "bf16"]
-__all__ = ["BACKENDS", "CONFIGS_DIR", "Config", "ConfigError", "DTYPES", "ModelEntry", "BuildOptions", "load_config"]
+__all__ = ["CONFIGS_DIR", "Config", "ConfigError", "ModelEntry", "BuildOptions", "load_config"]
 
 
 class TinyOptions(Strict):
@@ -104,7 +103,7 @@ class Config(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]   # names the cache folder
     target: ModelEntry
     draft: ModelEntry | None = None
-    backend: Literal["torch", "onnxruntime", "tensorrt"] = "torch"
+    backend: str = "torch"                          # a name in assembly/backends.py
     device: Literal["cpu", "cuda"] = "cpu"          # torch backend
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
     max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
@@ -128,38 +127,21 @@ class Config(Strict):
     def _strategies_none(cls, v: Any) -> Any:
         return {} if v is None else v
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        from .backends import NAMES
+        if v not in NAMES:
+            raise ValueError(f"choose one of {', '.join(NAMES)}")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
-        from .runtime.strategies import STRATEGIES, make_strategy
-        for role, entry in (("target", self.target), ("draft", self.draft)):
-            if entry is None or entry.quantize == "none":
-                continue
-            q = f"{role}.quantize: {entry.quantize}"
-            if self.backend == "tensorrt":
-                raise ValueError(f"{q}: quantized engines are built for backend onnxruntime (TensorRT plans of "
-                                 "them never ran here); use backend onnxruntime, or remove quantize")
-            if self.backend == "torch" and role == "target":
-                raise ValueError(f"{q}: the torch backend does not quantize targets; use backend onnxruntime with "
-                                 "target.quantize int4")
-            if self.backend == "torch" and entry.quantize != "int8":
-                raise ValueError(f"{q}: the torch backend has no int4 kernels: set draft.quantize int8 (torch's "
-                                 "dynamic int8) or none, or use backend onnxruntime")
-            if self.device == "cuda":
-                raise ValueError(f"{q}: quantized engines run on CPU (ONNX Runtime's CUDA path for them never ran "
-                                 "here); set device: cpu, or remove quantize")
-            if self.backend == "onnxruntime" and role == "target" and entry.quantize == "int8":
-                raise ValueError(f"{q}: ONNX Runtime's int8 kernel quantizes activations too, which makes a tree's "
-                                 "logits differ from one-token steps (strategies would not reproduce ar), and it has "
-                                 "no fast fp32-activation int8 kernel: quantize the target to int4, or only the draft")
-            if self.backend == "onnxruntime" and (entry.dtype != "fp32" or self.build.onnx_dtypes != ["fp32"]):
-                raise ValueError(f"{q}: ONNX Runtime quantizes the fp32 graph (its MatMulNBits kernels take fp32 "
-                                 f"activations on CPU): set {role}.dtype fp32 and build.onnx_dtypes [fp32]")
-        if self.backend == "onnxruntime" and not {"fp32", "fp16"} & set(self.build.onnx_dtypes):
-            raise ValueError("backend onnxruntime needs fp32 or fp16 in build.onnx_dtypes (its CPU kernels have "
-                             "no bf16)")
-        if self.backend == "onnxruntime" and self.buckets.cache:
-            raise ValueError("backend onnxruntime takes token buckets only (a padded past would overlap the rows "
-                             "it writes): remove buckets.cache, or use backend torch")
+        from .backends import check
+        from ..runtime.strategies import STRATEGIES, make_strategy
+        why = check(self)                              # the backend's own rules (quantize, dtypes, buckets)
+        if why:
+            raise ValueError(why)
         if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
             raise ValueError(f"buckets.cache {self.buckets.cache}: a cache bucket above max_seq_len "
                              f"{self.max_seq_len} is never used; keep buckets <= max_seq_len")

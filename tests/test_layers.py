@@ -1,0 +1,125 @@
+"""The code's shape, checked from its own source: layers that import one way, one owner of KV
+bookkeeping, strategies that only propose (docs/ARCHITECTURE.md, "Layers")."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "trtspec"
+
+# Bottom to top: a module may import its own layer and the layers below it, never one above.
+LAYERS = [
+    {"errors", "options", "__init__", "__main__"},
+    {"export"},                    # checkpoints -> the Decoder, ONNX graphs, tokenizers
+    {"runtime"},                   # the engine protocol, KV cache, batcher, step, strategies, scheduler
+    {"engines"},                   # backends implementing runtime.engine.Engine
+    {"assembly"},                  # config -> engine folders -> a Generator
+    {"serve"},                     # the OpenAI-compatible server
+    {"tools"},                     # bench, inspect, peers
+    {"cli"},
+]
+
+
+def layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = ("trtspec",) + path.relative_to(PKG).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(module: str, path: Path) -> set[str]:
+    """Every trtspec module `module` imports, at the top or inside a function."""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found = set()
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:          # annotations only: not imported when the code runs
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            target = ".".join(x for x in (base, node.module or "") if x)
+            found |= {f"{target}.{a.name}" for a in node.names} | {target}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    known = modules()
+    return {t for t in found if t in known and t != module}
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: imports(m, p) for m, p in modules().items()}
+
+
+def test_imports_go_down_the_layers():
+    up = [f"{m} -> {t}" for m, ts in graph().items() for t in ts if layer(t) > layer(m)]
+    assert not up, "imports into a higher layer:\n" + "\n".join(up)
+
+
+def test_no_package_cycle():
+    def pkg(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+    edges: dict[str, set[str]] = {}
+    for m, ts in graph().items():
+        edges.setdefault(pkg(m), set()).update(pkg(t) for t in ts if pkg(t) != pkg(m))
+    for start in edges:                      # a package that reaches itself again
+        seen, todo = set(), list(edges[start])
+        while todo:
+            p = todo.pop()
+            assert p != start, f"package cycle through {start}"
+            if p not in seen:
+                seen.add(p)
+                todo += edges.get(p, ())
+
+
+def test_assembly_modules_do_not_import_each_other_both_ways():
+    g = graph()
+    both = [(a, b) for a in g for b in g[a] if a < b and a in g.get(b, ())]
+    assert not both, f"modules importing each other: {both}"
+
+
+def assigned_attributes(path: Path) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(x, ast.Attribute):
+                    out.append((x.attr, node.lineno))
+    return out
+
+
+def test_only_the_cache_and_the_batcher_move_kv_bookkeeping():
+    allowed = {PKG / "runtime" / "kv_cache.py"}
+    bad = [f"{p.relative_to(PKG)}:{line} assigns .{attr}" for p in modules().values() if p not in allowed
+           for attr, line in assigned_attributes(p) if attr in ("length", "scratch")]
+    assert not bad, "\n".join(bad)
+    calls = {}
+    for m, p in modules().items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("advance", "restore", "assume"):
+                calls.setdefault(m, []).append(node.func.attr)
+    assert set(calls) <= {"trtspec.runtime.batch", "trtspec.runtime.costs"}, calls   # engines never do
+    assert calls["trtspec.runtime.batch"] and calls["trtspec.runtime.costs"] == ["assume"]
+
+
+def test_strategies_only_propose():
+    """No strategy file verifies or commits: the shared step (runtime/step.py) does, for all."""
+    banned = {"commit", "verify", "verify_greedy", "verify_sampling", "verify_and_commit", "step"}
+    for path in sorted((PKG / "runtime" / "strategies").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                  for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        named = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert not (called | named) & banned, f"{path.name}: {sorted((called | named) & banned)}"
+        assert "budget is not None" not in path.read_text() and "policy" not in path.read_text()

@@ -1,0 +1,189 @@
+"""budget: auto — size every step's tree from measured step costs and live acceptance estimates.
+
+A step emits 1 + A tokens, A = the accepted drafts, and costs D (draft forwards) + V(n) (one target
+forward over the root and n nodes; costs.py measures both, batch_costs.py reads them at the batch's
+shapes). The budget grows a tree best-first and adds a node only while it raises the step's
+expected rate
+
+    r(n) = (1 + E[A]) / (D + V(n)),      E[A] = sum over the tree's nodes of P(node accepted)
+
+i.e. the known candidates are added as the prefix (best value first) that maximises r, and a node
+seen alone is added while its value v (the probability that it is reached and accepted) exceeds r
+times the marginal verify cost V(n+1) - V(n). Both look ahead: a node (or a set of candidates to
+feed) that does not pay as a leaf is still taken when the tree it would grow pays, its children
+guessed as value x the draft's recent calibrated top-1 acceptance, over as many more draft forwards
+as the strategy allows (`_ahead`; on a CPU a 2-token verify costs ~2x a 1-token one, so a deep
+tree that pays is never reached one unprofitable node at a time). One more draft forward is paid
+only if the best tree reachable with it beats the candidates already known. Whether a step drafts
+at all is the ar gate's call (gate.py).
+
+P(node accepted) = product over its path of f(q) (acceptance.py). The budget decides which tree is
+verified, never how: verification is the same exact rule, so the output is lossless whatever tree
+it chooses from the past. One rule keeps sampling exact: a child that is SAMPLED (chain, dyspec
+under temperature) joins the tree or not before it is drawn (`draw_value`), never by which token it
+turned out to be. Tests: every strategy with budget auto equals ar (greedy) and passes chi-square.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..costs import CostModel
+from .acceptance import Acceptance
+from .batch_costs import BatchCosts, BatchView
+from .gate import EMA, ArGate
+from .records import step_record
+
+HOPE_TOP1 = 0.9        # a step drafts only if a chain this good (each node accepted w.p. 0.9 given its
+HOPE_FORWARDS = 8      # parent, or the request's own top-1 rate if higher, up to 8 draft forwards) could pay
+
+
+class AutoBudget:
+    """One request's budget (lives in its DecodeState): begin() a step, then worth()/add() nodes,
+    worth_feeding() a draft forward, draft_forward() when one runs; the shared step calls observe()."""
+    adaptive = True
+
+    def __init__(self, costs: CostModel, max_nodes: int, batch: BatchView | None = None, request: int = 0):
+        self.max_nodes = max_nodes
+        self.costs = BatchCosts(costs, batch or BatchView(), request)
+        self.gate = ArGate()
+        self.f = Acceptance()
+        self.top1 = 0.5                     # running f(top-1 probability) at fed nodes
+        self.own = (0, 1.0)                 # what this request sent to the last target phase
+        self.rounds: list[int] = []         # this step's draft forwards so far (tokens each)
+        self.draft_s, self.expected, self.nodes = 0.0, 0.0, 0
+
+    def expected_emitted(self) -> float:
+        """This request's expected emitted tokens in its last step (the scheduler's batch view)."""
+        return self.own[1]
+
+    # -- one step ---------------------------------------------------------------------------------
+    def begin(self, cached: int) -> bool:
+        """Start a step after `cached` committed tokens; False = make it a plain ar step."""
+        self.costs.cached = cached
+        self.expected, self.nodes, self.rounds = 0.0, 0, []
+        self.draft_s = self.costs.neighbours_draft_s()
+        return self.gate.decide(self.could_pay, self.costs.rows())
+
+    def could_pay(self) -> bool:
+        """Could any tree pay in this step at this batch's costs? An optimistic draft's chain (every
+        node accepted w.p. HOPE_TOP1 given its parent, or the request's recent top-1 rate if higher)
+        over up to HOPE_FORWARDS draft forwards must beat both the batch with everyone at ar and
+        this request's own ar step. Alone on a CPU it always can (a measured one-token step of
+        200 ms, a 2-token one of 226 ms); in a batch of many one-token rows it cannot (8 rows: one
+        request's tree pads every row, 503 -> 590 ms for 2 tokens), so such a batch runs ar and
+        probes nothing, and a lazily prefilled draft (request.py) is not even prefilled. Costs
+        only: no acceptance history gates it, so a drained batch drafts again at once."""
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1))
+        return max(rates[1:]) > max(rates[0], self.costs.all_ar_rate())
+
+    def opened(self, pending: int) -> None:
+        """The draft forward that opens a tree over the `pending` tokens the draft has not seen. After
+        ar steps those are many, once: charged as the usual lag of 2, so that catching up does not
+        make the probe step look worse than drafting is."""
+        self.draft_forward(min(pending, 2))
+
+    def draft_forward(self, tokens: int) -> None:
+        self.draft_s += self.costs.draft_marginal(tokens, len(self.rounds))
+        self.rounds.append(tokens)
+
+    def value(self, parent_value: float, q: float) -> float:
+        return parent_value * self.f(q)
+
+    def draw_value(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
+        """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
+        sampled child joins the tree must not depend on which token it is (verification would no
+        longer be exact), so the decision uses this expectation, made before the draw."""
+        return parent_value * self.f.expected(draw, q)
+
+    def saw_top1(self, q: float) -> None:
+        self.top1 = (1 - EMA) * self.top1 + EMA * self.f(q)
+
+    def worth(self, v: float, ahead: int = 0) -> bool:
+        """Does a node of value v raise the step's expected rate, alone or (`ahead` > 0) with the
+        chain of up to `ahead` more draft forwards it would open (see `_ahead`)?"""
+        if self._worth(v):
+            return True
+        return ahead > 0 and max(self._ahead([v], [v], 1, ahead)) > self.costs.rate(self.expected, self.nodes, self.draft_s)
+
+    def _worth(self, v: float) -> bool:
+        if self.nodes >= self.max_nodes:
+            return False
+        c = self.costs
+        dv = c.verify_s(self.nodes + 1) - c.verify_s(self.nodes)
+        return v * (self.draft_s + c.verify_s(self.nodes)) > (c.others()[1] + 1 + self.expected) * dv
+
+    def take(self, values: list[float], width: int = 0, ahead: int = 0) -> int:
+        """How many of the known candidates (values, best first) to add now: the prefix that maximises
+        the step's rate. Not a marginal stop at the first loss: measured CPU costs have steps (GEMM
+        blocking: 4 -> 8 tokens can cost less than 1 -> 2), so a longer prefix may pay where a shorter
+        one does not. With `ahead` > 0, the best `width` of them are taken (to be fed) when the tree
+        they would grow in up to `ahead` more draft forwards beats every prefix of leaves."""
+        k, r = self._best_prefix(values, self.draft_s)
+        front = values[:width] if ahead > 0 else []
+        if len(front) > k and max(self._ahead(values, front, len(front), ahead)) > r:
+            return len(front)
+        return k
+
+    def _best_prefix(self, values: list[float], draft_s: float) -> tuple[int, float]:
+        best, best_rate, e = 0, self.costs.rate(self.expected, self.nodes, draft_s), self.expected
+        room = max(self.max_nodes - self.nodes, 0)
+        for k, v in enumerate(values[:room], 1):
+            e += v
+            r = self.costs.rate(e, self.nodes + k, draft_s)
+            if r > best_rate:
+                best, best_rate = k, r
+        return best, best_rate
+
+    def add(self, v: float) -> None:
+        self.expected += v
+        self.nodes += 1
+
+    def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
+        """One more draft forward over `tokens` rows (feeding the nodes of values `fed`): worth it if the
+        best tree reachable with it and up to `ahead` - 1 more forwards (`_ahead`) beats the best of
+        the known `candidates` without it."""
+        rates = self._ahead(candidates, fed, tokens, max(ahead, 1))
+        return max(rates[1:]) > rates[0]
+
+    def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int,
+               top1: float | None = None) -> list[float]:
+        """The best rate reachable after 0, 1, ... `forwards` more draft forwards: each forward gives
+        every frontier node a guessed child of value v x top1 (the draft's recent calibrated top-1
+        acceptance), and the tree takes the best prefix of the known candidates and the children so
+        far (a child never outranks its parent, so every prefix is a tree). One step ahead is myopic
+        where verify costs rise steeply from one token (a CPU: a 2-token forward can cost 2x a
+        1-token one), so a deep tree that pays is never reached one unprofitable node at a time.
+        `top1` replaces the running estimate (could_pay's optimistic draft)."""
+        top1 = self.top1 if top1 is None else top1
+        values = sorted(known, reverse=True)
+        draft_s, rates = self.draft_s, []
+        for k in range(forwards + 1):
+            if k:
+                draft_s += self.costs.draft_marginal(tokens, len(self.rounds) + k - 1)
+                frontier = [v * top1 for v in frontier]
+                values = sorted(values + frontier, reverse=True)
+            rates.append(self._best_prefix(values, draft_s)[1])
+        return rates
+
+    # -- after verification -----------------------------------------------------------------------
+    def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray, node_q: Callable[[], np.ndarray] | None,
+                emitted: int, seconds: float) -> dict:
+        """Calibrate f on the children of accepted nodes (`node_q()`: each node's draft probability
+        given its parent, NaN where none), update the gate; returns the step's record."""
+        on_path = np.zeros(tree_size, dtype=bool)
+        on_path[path] = True
+        q = node_q() if node_q is not None and tree_size > 1 else None
+        if q is not None:
+            tested = np.flatnonzero((parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q))
+            if len(tested):
+                self.f.update(q[tested], on_path[tested])
+        ar = self.costs.all_ar_rate()
+        realized = self.costs.rate(emitted - 1, tree_size - 1, self.draft_s) / ar
+        self.gate.observe(realized, self.nodes)
+        record = step_record(self, tree_size, emitted, seconds, realized)
+        # last: the batch view still holds the step before (the scheduler updates it after this phase)
+        self.own = (tree_size, 1 + self.expected)
+        return record

@@ -1,0 +1,55 @@
+"""The step: one decoding step of one request, the same for every strategy.
+
+    propose (the strategy, unless the budget makes it a plain ar step)
+    -> one target forward over the tree -> exact acceptance (verify.py)
+    -> commit the accepted rows of the target cache and of the draft cache -> report
+
+It is a coroutine of model calls (runner.py), so the scheduler batches many requests' steps.
+Verification and commits happen here only: a strategy proposes a tree and never touches a cache's
+committed rows. Returns the emitted tokens (the accepted drafts, then the target's own next token).
+"""
+from __future__ import annotations
+
+import time
+
+from .decode import DecodeState, StepStats
+from .proposal import Proposal
+from .runner import Calls
+from .sampling import probs_from_logits
+from .verify import verify_greedy, verify_sampling
+
+
+def step(st: DecodeState, strategy) -> Calls:
+    """One step of one request; returns the emitted tokens."""
+    t0 = time.perf_counter()
+    if st.budget.begin(st.target.cache.length):
+        proposal = yield from strategy.propose(st)
+    else:
+        proposal = Proposal.root(st.root)
+    return (yield from verify_and_commit(st, proposal, time.perf_counter() - t0))[0]
+
+
+def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0) -> Calls:
+    """One target forward over the proposal's tree, exact acceptance, both caches committed, the step's
+    stats appended. Returns (emitted tokens, accepted path as tree node indices, root first)."""
+    t0 = time.perf_counter()
+    tree = proposal.tree.to(st.target.engine.device)
+    logits = yield from st.target.verify(tree)
+    if st.sampling.greedy:
+        path, nxt = verify_greedy(tree, logits)
+    else:
+        path, nxt = verify_sampling(tree, probs_from_logits(logits, st.sampling), st.gen)
+    st.target.cache.commit(path)
+    if proposal.draft_rows is not None:
+        st.draft.cache.commit(proposal.draft_commit(path))
+    emitted = tree.host_tokens[path[1:]].tolist() + [nxt]
+    verify_s = time.perf_counter() - t0
+    extra = dict(proposal.stats)
+    extra.update({name: bool(flags[path].any()) for name, flags in proposal.path_flags.items()})
+    if st.record_trees:
+        extra["tree"] = {"tokens": tree.host_tokens.tolist(), "parents": tree.host_parents.tolist(),
+                         "path": path.tolist(), "next_token": nxt, **proposal.nodes}
+    extra.update(st.budget.observe(len(tree), path, tree.host_parents, proposal.node_q, len(emitted),
+                                   draft_s + verify_s))
+    st.steps.append(StepStats(len(tree), len(path) - 1, proposal.draft_forwards, draft_s, verify_s, extra))
+    return emitted, path
