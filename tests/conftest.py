@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run from anywhere without installing the package
@@ -25,6 +26,7 @@ if str(ROOT) not in sys.path:          # run from anywhere without installing th
 
 torch.set_num_threads(int(os.environ.get("TRTSPEC_TEST_THREADS", "1")))
 
+from trtspec.assembly.config import CONFIGS_DIR  # noqa: E402
 from trtspec.engines.torch_engine import TorchEngine  # noqa: E402
 from trtspec.export.model import Decoder  # noqa: E402
 from trtspec.export.tiny import tiny_pair, tiny_spec  # noqa: E402
@@ -40,7 +42,7 @@ SMALL_NOISE = 0.15
 # Step costs the tiny Generators plan budget: auto with (seconds; N = 1 and 64 new tokens): a GPU's
 # shape (flat verify, cheap draft), fixed so that auto trees are drafted and reproducible. Timed on
 # a tiny pair, a draft forward costs what a target one does and auto would mostly choose ar steps.
-# Measured costs are tested on built folders (test_adaptive.py).
+# Measured costs are tested on built folders (test_budget.py).
 GPU_LIKE = CostModel(CostTable([1, 64], [0], [[0.010, 0.0105]]), CostTable([1, 64], [0], [[0.0012, 0.0013]]))
 # The Qwen 1.5B fp32 target and int4 draft measured on this CPU (costs.json), 64 cached tokens.
 CPU_LIKE = CostModel(CostTable([1, 2, 4, 8, 16, 32, 64], [0], [[0.165, 0.179, 0.204, 0.217, 0.304, 0.417, 0.692]]),
@@ -135,3 +137,29 @@ def with_chat_template(folder: Path, tmp_path: Path) -> Path:
     write_manifest(eng, {k: v for k, v in m.items() if k not in ("format", "contract_version", "created", "versions",
                                                                  "files")})
     return eng
+
+
+# -- configs and the CLI's one-line errors (test_config, test_draft_model, test_engine_folders, ...) --
+TINY = CONFIGS_DIR / "tiny-random.yaml"
+QUIET = dict(log=lambda *a, **k: None)
+
+
+def tiny_dict() -> dict:
+    return yaml.safe_load(TINY.read_text())
+
+
+def write_config(tmp_path: Path, d: dict, name: str = "c.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def one_line_error(res) -> str:
+    """The CLI refused: non-zero exit, no traceback, a single message line. Returns it."""
+    assert res.exit_code != 0, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert "Traceback" not in res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    err = [line for line in lines if line.startswith(("Error:", "Usage:", "Try "))]
+    assert err, res.output
+    return next(line for line in lines if line.startswith("Error:"))

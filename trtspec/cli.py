@@ -133,7 +133,8 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     sampling = SamplingParams(temperature, top_k, top_p)
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
-    strat = make(strategy or cfg.strategy, cfg.strategies, has_draft=cfg.draft is not None)
+    name = strategy or cfg.strategy
+    strat = make(name, cfg.strategies, has_draft=cfg.draft is not None)
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
 
     folder, opened = _engines(engines_dir, opened, cfg, log)

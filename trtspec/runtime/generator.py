@@ -25,7 +25,6 @@ import numpy as np
 
 from .engine import Engine
 from ..errors import RequestError
-from ..options import MAX_STEP_TOKENS
 from .batch import Batcher
 from .costs import CostModel, load_or_measure, measure
 from .kv_cache import CapacityError
