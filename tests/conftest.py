@@ -163,3 +163,13 @@ def one_line_error(res) -> str:
     err = [line for line in lines if line.startswith(("Error:", "Usage:", "Try "))]
     assert err, res.output
     return next(line for line in lines if line.startswith("Error:"))
+
+
+@pytest.fixture(scope="session")
+def torch_folder(tmp_path_factory) -> Path:
+    """The tiny-random config built for the torch backend (tests that run `trtspec run` on a folder)."""
+    from trtspec.assembly.build import build_engines
+    from trtspec.assembly.config import load_config
+    out = tmp_path_factory.mktemp("tiny") / "torch"
+    build_engines(load_config(TINY), out, backend="torch", **QUIET)
+    return out

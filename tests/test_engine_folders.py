@@ -30,11 +30,6 @@ def ort_folder(tmp_path_factory) -> tuple[Path, list[str]]:
     return out, lines
 
 
-@pytest.fixture(scope="module")
-def torch_folder(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("hard") / "torch"
-    build_engines(load_config(TINY), out, backend="torch", **QUIET)
-    return out
 
 
 def test_run_uses_the_folders_backend(ort_folder, torch_folder):

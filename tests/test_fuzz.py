@@ -48,6 +48,7 @@ def test_every_crash_found_is_fixed(target, path):
     harnesses.TARGETS[target](path.read_bytes())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", list(harnesses.TARGETS))
 def test_short_fuzz_run_finds_nothing(target):
     """A few seconds of atheris per target (longer runs: python tests/fuzz/run.py TARGET --seconds N)."""

@@ -47,6 +47,7 @@ def assert_clean_exits(folder: Path, runs: int, *extra: str) -> None:
     assert codes == [0] * runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_run_exits_0_every_time(folders, backend):
     assert_clean_exits(folders[backend], 6, "--strategy", "chain")
@@ -131,6 +132,7 @@ def test_a_signalled_build_leaves_nothing(tmp_path, sig):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".eng.lock"]     # no folder, no partial
 
 
+@pytest.mark.slow
 def test_a_killed_builds_partial_folder_is_cleared_by_the_next_build(tmp_path):
     out = tmp_path / "eng"
     proc = start_build(out, ENV)

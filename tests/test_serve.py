@@ -491,13 +491,13 @@ def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch)
     pair = make_pair()
     tok = AutoTokenizer.from_pretrained(str(ROOT / "trtspec" / "assets" / "tiny-tokenizer"))
     gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
-    monkeypatch.setattr(STRATEGIES["chain"], "propose", broken)
+    monkeypatch.setattr(STRATEGIES["chain"], "propose", broken)      # k=2: a fixed budget always drafts
     ask = {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 0}
     with TestClient(make_app(Service(gen, model=MODEL, strategy="ar"))) as client:
-        r = client.post("/v1/completions", json=ask | spec("chain"))
+        r = client.post("/v1/completions", json=ask | spec("chain", k=2))
         assert r.status_code == 500 and "Boom: kaput" in r.json()["error"]["message"]
         assert r.headers["x-should-retry"] == "false"        # the openai client would run it again
-        r = client.post("/v1/completions", json=ask | spec("chain") | {"stream": True})
+        r = client.post("/v1/completions", json=ask | spec("chain", k=2) | {"stream": True})
         events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and "kaput" in json.loads(events[-2])["error"]["message"]
         r = client.post("/v1/completions", json=ask)
@@ -544,6 +544,7 @@ def test_busy_port_is_one_line_before_loading(server, folder):
 
 # ---- the server against its own OpenAPI schema; request bodies --------------------------------------
 
+@pytest.mark.slow
 def test_schema_is_true_to_the_server(server, tmp_path):
     """schemathesis (every operation, every documented field, random and boundary values, all its
     checks) against the real server: no 500, no hang, every response (errors included) as documented.

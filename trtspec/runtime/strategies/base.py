@@ -23,6 +23,8 @@ from ..runner import Calls
 class Strategy:
     name = "base"
     needs_draft = False
+    auto = False       # budget: auto (the request's budget sizes every tree, up to `nodes`)
+    nodes = 0          # the most nodes a tree adds to its root (the cap, with auto)
 
     def __init__(self) -> None:
         pass
@@ -47,13 +49,18 @@ class Strategy:
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
 
+    def sized(self, budget: int | str, cap: int) -> None:
+        """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""
+        self.auto = budget == "auto"
+        self.nodes = cap if self.auto else budget
+
     def max_tree_size(self) -> int:
         """Largest tree one step can send to the target, root included."""
-        return 1
+        return self.nodes + 1
 
     def auto_nodes(self) -> int | None:
         """With budget auto: the most nodes the budget may add to a tree (its cap); None: fixed."""
-        return None
+        return self.nodes if self.auto else None
 
     def max_draft_rows(self) -> int:
         """Most draft-KV rows one step writes beyond the sequence (fed tree nodes, reviewed chains)."""

@@ -45,15 +45,11 @@ class Cascade(Strategy):
                  lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None):
         self.k_draft, self.max_k_draft, self.k_mag = k_draft, max_k_draft, k_mag
         self.mag_len, self.lenience = mag_len, lenience
-        self.kd = max_k_draft if k_draft == "auto" else k_draft
+        self.sized(k_draft, max_k_draft)
+        self.kd = self.nodes                         # the reviewed tier's tokens (its cap, with auto)
+        self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
         table = _bigram(bigram) if bigram else None
         self.mag = NGramDrafter(bigram=table)
-
-    def auto_nodes(self) -> int | None:
-        return self.kd + self.mag_len + self.k_mag if self.k_draft == "auto" else None
-
-    def max_tree_size(self) -> int:
-        return self.kd + self.mag_len + self.k_mag + 1
 
     def max_draft_rows(self) -> int:
         return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens

@@ -27,13 +27,7 @@ class ChainSpeculative(Strategy):
 
     def __init__(self, k: Budget = "auto", max_k: TreeSize = 8):
         self.k, self.max_k = k, max_k
-        self.nodes = max_k if k == "auto" else k
-
-    def auto_nodes(self) -> int | None:
-        return self.nodes if self.k == "auto" else None
-
-    def max_tree_size(self) -> int:
-        return self.nodes + 1
+        self.sized(k, max_k)
 
     def max_draft_rows(self) -> int:
         return self.nodes - 1

@@ -42,13 +42,7 @@ class DySpec(Strategy):
                  threshold: Fraction = 0.05, max_depth: Depth = 12):
         self.variant, self.budget, self.max_budget, self.batch = variant, budget, max_budget, batch
         self.threshold, self.max_depth = threshold, max_depth
-        self.nodes = max_budget if budget == "auto" else budget
-
-    def auto_nodes(self) -> int | None:
-        return self.nodes if self.budget == "auto" else None
-
-    def max_tree_size(self) -> int:
-        return self.nodes + 1
+        self.sized(budget, max_budget)
 
     def max_draft_rows(self) -> int:
         return self.nodes                      # every fed node was added first

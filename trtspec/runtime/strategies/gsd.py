@@ -45,13 +45,7 @@ class GSD(Strategy):
         self.top_k, self.sibling_ratio, self.confidence, self.repeat = top_k, sibling_ratio, confidence, repeat
         self.max_depth, self.budget, self.max_budget = max_depth, budget, max_budget
         self.max_draft_nodes = max_draft_nodes
-        self.nodes = max_budget if budget == "auto" else budget
-
-    def auto_nodes(self) -> int | None:
-        return self.nodes if self.budget == "auto" else None
-
-    def max_tree_size(self) -> int:
-        return self.nodes + 1
+        self.sized(budget, max_budget)
 
     def max_draft_rows(self) -> int:
         # Fed frontier nodes: those at depths 1 .. max_depth-1, at most top_k**d of them at depth d.

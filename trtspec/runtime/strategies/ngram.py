@@ -20,13 +20,10 @@ class NGramSpeculative(Strategy):
 
     def __init__(self, k: TreeSize = 8, min_ngram: Annotated[int, Field(ge=1, le=32)] = 1,
                  drafter: NGramDrafter | None = None):
-        self.k = k
+        self.k = self.nodes = k
         # min_ngram > 1 drafts only on longer matches: where verifying extra tokens is not free
         # (a CPU step over T tokens costs more than one over 1), junk drafts cost real time.
         self.drafter = drafter or NGramDrafter(min_ngram=min_ngram)
-
-    def max_tree_size(self) -> int:
-        return self.k + 1
 
     def propose(self, st: DecodeState) -> Calls:
         return Proposal(TokenTree.chain(st.root, self.drafter.propose(st.tokens(), self.k)))

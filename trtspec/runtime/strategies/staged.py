@@ -40,11 +40,8 @@ class Staged(Strategy):
         self.budget, self.max_budget, self.width, self.top_k = budget, max_budget, width, top_k
         self.max_rounds = max_rounds
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
-        self.nodes = max_budget if budget == "auto" else budget
+        self.sized(budget, max_budget)
         self.ngram = NGramDrafter()
-
-    def auto_nodes(self) -> int | None:
-        return self.nodes if self.budget == "auto" else None
 
     def max_tree_size(self) -> int:
         return self.nodes + (self.max_rounds * self.stage2_len if self.stage2 else 0) + 1
