@@ -118,18 +118,11 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     from .runtime.prompts import Prompt, PromptError, encode   # one prompt encoder for run, serve and bench
 
     # Everything that needs no engine is checked first: a bad option never waits for a build.
-    if (prompt is None) == (prompt_file is None):
-        raise click.UsageError("give exactly one of --prompt TEXT or --prompt-file FILE")
     if engines_dir and config_path:
         raise click.UsageError("give --engines DIR or --config PATH, not both")
     if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
         raise click.UsageError("--show-tree needs a .png or .svg file name")
-    try:
-        text = prompt if prompt is not None else Path(prompt_file).read_text()
-    except UnicodeDecodeError as e:
-        raise click.UsageError(f"--prompt-file {prompt_file} is not UTF-8 text ({e.reason})") from None
-    if not text:
-        raise click.UsageError("the prompt is empty" + (f" ({prompt_file})" if prompt_file else ""))
+    text = _prompt_text(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p)
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
@@ -151,12 +144,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     with load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1) as gen:   # one request
         if as_json:
             result = gen.generate(ids, **kwargs)
-            steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
-                     | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
-            out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
-                   "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
-                   "steps": steps, "strategy": name, "backend": gen.backend}
-            click.echo(json.dumps(out))
+            click.echo(json.dumps(_json_result(result, tok, limit, name, gen.backend)))
         else:
             handle = gen.submit(ids, **kwargs)
             try:
@@ -171,19 +159,45 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     if as_json:
         return
     if result.finish_reason == "length":
-        if max_new_tokens:
-            log(f"[stopped at --max-new-tokens {limit}, before an end-of-{'turn' if chat else 'text'} token]")
-        elif chat and limit < CHAT_MAX_NEW_TOKENS:
-            log(f"[the answer was cut at {limit} tokens, all that fits max_seq_len {cfg.max_seq_len} after the "
-                "prompt; raise max_seq_len in the config]")
-        elif chat:
-            log(f"[the answer was cut at the default cap of {limit} tokens for a chat answer; raise it with "
-                "--max-new-tokens]")
-        else:
-            log(f"[stopped at the default cap of {limit} new tokens; raise it with --max-new-tokens]")
+        log(_why_cut(limit, bool(max_new_tokens), chat, cfg.max_seq_len))
     s = result.stats
     log(f"[{name}] {s['new_tokens']} tokens in {s['seconds']:.2f}s = {s['tokens_per_s']:.2f} tok/s, "
         f"{s['mean_accepted']:.2f} tokens per target step")
+
+
+def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
+    """The prompt of `run`: --prompt or the UTF-8 text of --prompt-file, exactly one, not empty."""
+    if (prompt is None) == (prompt_file is None):
+        raise click.UsageError("give exactly one of --prompt TEXT or --prompt-file FILE")
+    try:
+        text = prompt if prompt is not None else Path(prompt_file).read_text()
+    except UnicodeDecodeError as e:
+        raise click.UsageError(f"--prompt-file {prompt_file} is not UTF-8 text ({e.reason})") from None
+    if not text:
+        raise click.UsageError("the prompt is empty" + (f" ({prompt_file})" if prompt_file else ""))
+    return text
+
+
+def _json_result(result, tok, limit: int, strategy: str, backend: str) -> dict:
+    """`run --json`: the text, ids, finish reason, stats and every step's record (without its tree)."""
+    steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
+             | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
+    return {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
+            "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
+            "steps": steps, "strategy": strategy, "backend": backend}
+
+
+def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
+    """The line `run` prints when an answer ended at its token limit rather than at a stop token."""
+    if asked:
+        return f"[stopped at --max-new-tokens {limit}, before an end-of-{'turn' if chat else 'text'} token]"
+    if chat and limit < CHAT_MAX_NEW_TOKENS:
+        return (f"[the answer was cut at {limit} tokens, all that fits max_seq_len {max_seq_len} after the "
+                "prompt; raise max_seq_len in the config]")
+    if chat:
+        return (f"[the answer was cut at the default cap of {limit} tokens for a chat answer; raise it with "
+                "--max-new-tokens]")
+    return f"[stopped at the default cap of {limit} new tokens; raise it with --max-new-tokens]"
 
 
 @main.command()

@@ -35,7 +35,7 @@ def auto_or(most: int):
     return Annotated[Any, PlainValidator(check)]
 
 
-# A tree strategy's node budget: a fixed number, or "auto" (sized every step: runtime/adaptive.py).
+# A tree strategy's node budget: a fixed number, or "auto" (sized every step: runtime/budget/auto.py).
 Budget = auto_or(MAX_STEP_TOKENS - 1)
 
 

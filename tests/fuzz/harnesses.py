@@ -7,7 +7,7 @@ read from the file) is a crash. `python -m tests.fuzz.run TARGET` runs one under
 replays the seeds and every crash found so far, and runs each target briefly.
 
     gguf        the GGUF header parser and loader (export/gguf_loader.py)
-    manifest    an engine folder's manifest.json (engines/manifest.verify, engines/load.open_folder)
+    manifest    an engine folder's manifest.json (engines/manifest.verify, assembly/load.open_folder)
     costs       an engine folder's costs.json (runtime/costs.load)
     config      a YAML config (config.load_config)
     tokenizer   a Hugging Face tokenizer folder's tokenizer.json / tokenizer_config.json (export/tokenizer.load_tokenizer)

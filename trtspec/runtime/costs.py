@@ -1,6 +1,6 @@
 """Measured step costs: how long one target / draft forward over N new tokens takes after C cached.
 
-The adaptive budget (adaptive.py) sizes every step's tree from these numbers, so they are measured
+The adaptive budget (budget/auto.py) sizes every step's tree from these numbers, so they are measured
 on the machine that runs, with the engines and threads that run:
 
     costs = measure(target_engine, draft_engine)          # ~20 s for the Qwen 1.5B/0.5B pair here

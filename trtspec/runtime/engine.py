@@ -6,11 +6,12 @@ request with its own KV slot:
     logits[B, R, V] = engine.step_batch(caches[B], input_ids[B, T], position_ids[B, T],
                                         attn_mask[B, T, C+T], logit_rows[B, R])
 
-Row b reads the first C = attn_mask.shape[2] - T rows of `caches[b]` (rows past its `used` are
-stale and must be masked by the caller) and writes its T new keys/values at `caches[b].used`. An
-engine never moves a cache's bookkeeping: the caller (the Batcher) advances it after the step. The
-interface lives in the runtime, which owns it; backends (trtspec/engines/) implement it. The returned float32 logits may be a view of an engine-owned buffer
-(`logits_in_own_buffer`): read them before the next step. `step` is the one-row form of the call.
+Row b reads the first C = attn_mask.shape[2] - T rows of `caches[b]` (rows past its `used` are stale
+and must be masked by the caller) and writes its T new keys/values at `caches[b].used`. An engine
+never moves a cache's bookkeeping: the caller (the Batcher) advances it after the step. The
+interface lives in the runtime, which owns it; backends (trtspec/engines/) implement it. The
+returned float32 logits may be a view of an engine-owned buffer (`logits_in_own_buffer`): read them
+before the next step. `step` is the one-row form of the call.
 """
 from __future__ import annotations
 

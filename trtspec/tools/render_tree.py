@@ -1,7 +1,7 @@
 """Draw one speculative-decoding step's token tree, with the accepted path highlighted.
 
-The input is the dict the runtime records per target step (`Decoder(record_trees=True)`, see
-`verify_and_commit`): tokens, parents (-1 for the root, node 0; parents precede children), the accepted
+The input is the dict the runtime records per target step (`record_trees=True`, see
+runtime/step.py `verify_and_commit`): tokens, parents (-1 for the root, node 0; parents precede children), the accepted
 path (node indices, root first), the target's own next token, and optionally per-node `borrowed`
 (GSD: reached through a merged edge, drawn dashed) and `reviewed` (n-gram proposal reviewed by the draft).
 
