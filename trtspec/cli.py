@@ -113,9 +113,9 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     """Generate text, streaming it to the terminal (or as JSON with --json)."""
     from .assembly.load import load_generator, load_tokenizer
     from .runtime.generator import check_capacity, decode_pieces, room_for
+    from .runtime.prompts import Prompt, PromptError, encode  # one prompt encoder for run, serve and bench
     from .runtime.sampling import SamplingParams
     from .runtime.strategies import strategy as make
-    from .runtime.prompts import Prompt, PromptError, encode   # one prompt encoder for run, serve and bench
 
     # Everything that needs no engine is checked first: a bad option never waits for a build.
     if engines_dir and config_path:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from .config import Config, ModelEntry
     from ..runtime.engine import Engine
+    from .config import Config, ModelEntry
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def _ort_convert(cfg: "Config", spec, path: Path, role: str, dt: str) -> dict[st
 
 # -- tensorrt ------------------------------------------------------------------------------------
 def _load_trt(folder: Path, role: str, info: dict, opts: LoadOptions) -> "Engine":
-    from ..engines.tensorrt_engine import TrtEngine   # not exercised in CI (see the module docstring)
+    from ..engines.tensorrt_engine import TrtEngine  # not exercised in CI (see the module docstring)
     from ..export.spec import ModelSpec
     plans = [k for k in info["artifacts"] if k.startswith("plan_")]      # open_folder checked there is one
     return TrtEngine(folder / info["artifacts"][plans[0]], ModelSpec.from_dict(info["spec"]),

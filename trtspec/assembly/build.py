@@ -38,15 +38,15 @@ from filelock import FileLock, Timeout
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from ..export.spec import DTYPES
-from .config import Config
+from ..engines.manifest import EngineError, verify, write_manifest
 from ..errors import Terminated
-from ..options import MAX_STEP_TOKENS
 from ..export.contract import io_spec
 from ..export.model import Decoder
-from .sources import load_model, load_tokenizer_for
-from ..engines.manifest import EngineError, verify, write_manifest
+from ..export.spec import DTYPES
+from ..options import MAX_STEP_TOKENS
 from .backends import BACKENDS
+from .config import Config
+from .sources import load_model, load_tokenizer_for
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
 

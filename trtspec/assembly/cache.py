@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .config import Config
 from ..engines.manifest import EngineError, verify
 from .build import build_engines
+from .config import Config
 
 
 def cache_root() -> Path:

@@ -137,8 +137,8 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
-        from .backends import check
         from ..runtime.strategies import STRATEGIES, make_strategy
+        from .backends import check
         why = check(self)                              # the backend's own rules (quantize, dtypes, buckets)
         if why:
             raise ValueError(why)

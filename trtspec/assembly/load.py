@@ -6,15 +6,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ..export.spec import DTYPES
-from .config import Config
-from ..export.model import Decoder
-from ..export.spec import ModelSpec
-from ..runtime.generator import Generator
-from ..runtime.engine import Engine
 from ..engines.manifest import EngineError, verify
+from ..export.model import Decoder
+from ..export.spec import DTYPES, ModelSpec
 from ..runtime.costs import COSTS_FILE
+from ..runtime.engine import Engine
+from ..runtime.generator import Generator
 from .backends import BACKENDS, LoadOptions
+from .config import Config
 from .memory import fit
 
 

@@ -13,10 +13,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..export.spec import DTYPES
-from ..export.spec import ModelSpec
-from ..runtime.batch import MAX_BATCH_TOKENS
 from ..engines.manifest import EngineError
+from ..export.spec import DTYPES, ModelSpec
+from ..runtime.batch import MAX_BATCH_TOKENS
 
 GIB = 1 << 30
 SLACK = 0.9          # what may be planned of the available memory (the runtime, Python, allocator)

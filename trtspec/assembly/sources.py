@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from .config import ConfigError, ModelEntry
 from ..export.model import Decoder
 from ..export.spec import ModelSpec
 from ..export.tiny import tiny_pair, tiny_spec
+from .config import ConfigError, ModelEntry
 
 TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny-tokenizer"
 

@@ -17,8 +17,8 @@ import torch
 
 from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec
-from ..runtime.kv_cache import KVCache
 from ..runtime.engine import Engine
+from ..runtime.kv_cache import KVCache
 from .staging import StagedBucket, after_inputs
 
 _ELEM = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,

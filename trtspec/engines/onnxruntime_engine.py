@@ -17,8 +17,8 @@ import torch
 
 from ..export.onnx_export import io_names
 from ..export.spec import ModelSpec, SpecError
-from ..runtime.kv_cache import BatchStaging, KVCache
 from ..runtime.engine import Engine
+from ..runtime.kv_cache import BatchStaging, KVCache
 
 _ONNX_TO_TORCH = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
                   onnx.TensorProto.BFLOAT16: torch.bfloat16}

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from ..export.spec import ModelSpec
-from ..runtime.kv_cache import KVCache
 from ..runtime.engine import Engine
+from ..runtime.kv_cache import KVCache
 from .staging import StagedBucket, after_inputs
 
 PREFILL_PROFILE, STEP_PROFILE = 0, 1        # as built by tensorrt_build.build_plan

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..export.model import Decoder
-from ..runtime.kv_cache import BatchStaging, KVCache
 from ..runtime.engine import Engine
+from ..runtime.kv_cache import BatchStaging, KVCache
 
 
 class TorchEngine(Engine):

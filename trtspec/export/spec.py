@@ -5,12 +5,12 @@ embeddings, rope scaling), so the decoder is one class and the loaders fill this
 """
 from __future__ import annotations
 
-import torch
-
 import dataclasses
 import operator
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from ..errors import TrtspecError
 

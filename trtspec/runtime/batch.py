@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine import Engine
 from ..options import MAX_STEP_TOKENS
+from .engine import Engine
 from .kv_cache import KVCache
 
 MAX_BATCH_TOKENS = 64     # calls with more new tokens than this run alone

@@ -23,10 +23,10 @@ from typing import Iterator
 
 import numpy as np
 
-from .engine import Engine
 from ..errors import RequestError
 from .batch import Batcher
 from .costs import CostModel, load_or_measure, measure
+from .engine import Engine
 from .kv_cache import CapacityError
 from .request import GenerationResult, Request, Slot
 from .runner import ModelRunner

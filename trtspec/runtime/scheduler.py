@@ -21,10 +21,9 @@ import weakref
 from collections import deque
 
 from ..errors import RequestError
-from .budget import BatchView
 from .batch import Batcher
+from .budget import BatchView
 from .request import Request, Slot
-
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()

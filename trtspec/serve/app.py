@@ -25,8 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..export.contract import CONTRACT_VERSION
 from ..runtime.generator import Generator
-from ..runtime.strategies import STRATEGIES
 from ..runtime.prompts import Prompt, encode, has_chat_template
+from ..runtime.strategies import STRATEGIES
 from .jobs import Job, follow, outcome, start
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_responses, validation_error

@@ -59,9 +59,9 @@ import torch
 from ..errors import RequestError
 from ..runtime.prompts import Prompt, encode
 from .datasets import load_prompts
-from .memory import reset_peak_rss, status_mb
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
+from .memory import reset_peak_rss, status_mb
 
 DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
 DEFAULT_PEERS = "hf,hf-assisted,hf-lookup"
@@ -462,8 +462,8 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
                stride: int = 1, concurrency: str | None = None, plan_costs: str | None = None,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
-    from ..assembly.config import Config, load_config
     from ..assembly.cache import engines_for_config
+    from ..assembly.config import Config, load_config
     from ..engines.manifest import verify
     from ..runtime.strategies import STRATEGIES
     from .bench_report import aggregate_table

@@ -24,9 +24,8 @@ from pathlib import Path
 
 import torch
 
-from ..export.spec import DTYPES
 from ..errors import RequestError
-from ..export.spec import ModelSpec, SpecError
+from ..export.spec import DTYPES, ModelSpec, SpecError
 
 PEERS = ("hf", "hf-assisted", "hf-lookup")
 

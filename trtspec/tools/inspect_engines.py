@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-from ..assembly.config import Config
 from ..assembly.backends import LoadOptions
+from ..assembly.config import Config
 from ..assembly.load import load_engine, torch_model
-from ..engines.torch_engine import TorchEngine
 from ..engines.manifest import verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
+from ..engines.torch_engine import TorchEngine
 from ..runtime.runner import ModelRunner, drive
 from ..runtime.tree import TokenTree
 

@@ -18,19 +18,18 @@ step where nothing pays is a plain ar step.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from ..decode import DecodeState
-from ..runner import Calls
-from ..draft_tree import DraftTree
-from ..ngram import NGramDrafter
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field
 
 from ...errors import ConfigError
 from ...options import auto_or
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from ..ngram import NGramDrafter
+from ..runner import Calls
 from .base import Strategy
 
 Count = Annotated[int, Field(ge=0, le=64)]

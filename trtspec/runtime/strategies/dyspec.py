@@ -19,17 +19,15 @@ forward; a step where no tree pays is a plain ar step.
 from __future__ import annotations
 
 import heapq
-
-import torch
-
-from ..decode import DecodeState
-from ..runner import Calls
-from ..draft_tree import DraftTree
 from typing import Annotated, Literal
 
+import torch
 from pydantic import Field
 
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from ..runner import Calls
 from .base import Strategy
 
 

@@ -20,17 +20,15 @@ verify cost is left out, with its subtree); a step where no tree pays is a plain
 from __future__ import annotations
 
 from collections import deque
-
-import numpy as np
-
-from ..decode import DecodeState
-from ..runner import Calls
-from ..draft_tree import DraftTree
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from ..runner import Calls
 from .base import Strategy
 
 

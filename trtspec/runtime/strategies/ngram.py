@@ -1,16 +1,16 @@
 """ngram: chain decoding whose drafts come from the n-gram drafter (no draft model, ~µs drafts)."""
 from __future__ import annotations
 
-from ..decode import DecodeState
-from ..runner import Calls
-from ..ngram import NGramDrafter
-from ..proposal import Proposal
-from ..tree import TokenTree
 from typing import Annotated
 
 from pydantic import Field
 
 from ...options import TreeSize
+from ..decode import DecodeState
+from ..ngram import NGramDrafter
+from ..proposal import Proposal
+from ..runner import Calls
+from ..tree import TokenTree
 from .base import Strategy
 
 

@@ -15,16 +15,15 @@ nodes; a step where no tree pays is a plain ar step.
 from __future__ import annotations
 
 import heapq
-
-from ..decode import DecodeState
-from ..runner import Calls
-from ..draft_tree import DraftTree
-from ..ngram import NGramDrafter
 from typing import Annotated
 
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
+from ..decode import DecodeState
+from ..draft_tree import DraftTree
+from ..ngram import NGramDrafter
+from ..runner import Calls
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
