@@ -32,6 +32,7 @@ class Backend:
     builds: str                                           # what `trtspec build` writes per model
     artifacts: tuple[str, ...]                            # manifest keys it runs, preferred first
     onnx: bool                                            # built from the exported ONNX graph
+    quantizes_at_load: bool                               # `quantize:` is applied when loading, not built
     load: Callable[[Path, str, dict, LoadOptions], "Engine"]
     quantize_rule: Callable[[str, "ModelEntry", "Config"], str | None]   # why a quantized model is refused
     rules: Callable[["Config"], str | None] = lambda cfg: None           # other config options it refuses
@@ -153,12 +154,12 @@ def _trt_unavailable() -> str | None:
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("torch", "weights.safetensors", ("weights",), onnx=False, load=_load_torch,
+    Backend("torch", "weights.safetensors", ("weights",), onnx=False, quantizes_at_load=True, load=_load_torch,
             quantize_rule=_torch_quantize),
     Backend("onnxruntime", "model.{dtype}.ort.onnx (the ORT-optimized export)", ORT_ARTIFACTS, onnx=True,
-            load=_load_ort, quantize_rule=_ort_quantize, rules=_ort_rules, convert=_ort_convert),
+            quantizes_at_load=False, load=_load_ort, quantize_rule=_ort_quantize, rules=_ort_rules, convert=_ort_convert),
     Backend("tensorrt", "model.{dtype}.onnx + model.{dtype}.plan", ("plan_fp32", "plan_fp16", "plan_bf16"),
-            onnx=True, load=_load_trt, quantize_rule=_trt_quantize, convert=_trt_convert,
+            onnx=True, quantizes_at_load=False, load=_load_trt, quantize_rule=_trt_quantize, convert=_trt_convert,
             unavailable=_trt_unavailable),
 )}
 NAMES = tuple(BACKENDS)

@@ -193,8 +193,9 @@ class Config(Strict):
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
         for k in ("device", "cuda_graphs", "buckets", "slots"):   # runtime choices, not build inputs
             keep.pop(k, None)
-        for role in ("target", "draft"):       # torch quantizes at load; onnxruntime builds it into the graph
-            if keep.get(role) and (keep[role].get("quantize") == "none" or self.backend == "torch"):
+        from .backends import BACKENDS         # torch quantizes at load; onnxruntime builds it into the graph
+        for role in ("target", "draft"):
+            if keep.get(role) and (keep[role].get("quantize") == "none" or BACKENDS[self.backend].quantizes_at_load):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
