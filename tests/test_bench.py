@@ -403,3 +403,15 @@ def test_concurrency_mode(engines, prompts_file, tmp_path):
     assert (out / "concurrency.png").stat().st_size > 1000
     assert_one_line_error(invoke("--engines", engines, "--dataset", prompts_file, "--concurrency", "0,2",
                                  "--output", tmp_path / "x"), "--concurrency")
+
+
+def test_repetitive_workloads_are_built_from_human_eval():
+    """humaneval-edit: the function to edit is in the prompt (the answer repeats it); humaneval-json:
+    one instruction over every function (repeated requests)."""
+    edit, js = load_prompts("humaneval-edit"), load_prompts("humaneval-json")
+    plain = load_prompts("humaneval")
+    assert len(edit) == len(js) == len(plain) == 164
+    assert all(p.needs_chat for p in edit + js)
+    assert plain[0].text in edit[0].messages[0]["content"] and plain[5].text in js[5].messages[0]["content"]
+    assert len({p.messages[0]["content"].split("\n\n")[0] for p in edit}) == 3      # three edit kinds, in turn
+    assert len({p.messages[0]["content"].split("\n\n")[0] for p in js}) == 1        # one instruction

@@ -290,13 +290,13 @@ def test_cost_table_interpolates_and_extrapolates():
 
 
 def test_auto_is_the_default_of_every_tree_strategy_and_fixed_stays():
-    for name in ("chain", "staged", "dyspec", "gsd", "cascade"):
+    for name in ("chain", "staged", "dyspec", "gsd", "cascade", "suffix"):
         assert make_strategy(name).auto_nodes() is not None, name
     assert make_strategy("staged", budget=12).auto_nodes() is None
     assert make_strategy("cascade", k_draft=6).auto_nodes() is None
     assert make_strategy("chain", k=4).max_tree_size() == 5
     assert all(make_strategy(n).auto_nodes() is None for n in ("ar", "ngram"))
-    assert set(STRATEGIES) == {"ar", "ngram", "chain", "staged", "dyspec", "gsd", "cascade"}
+    assert set(STRATEGIES) == {"ar", "ngram", "chain", "staged", "dyspec", "gsd", "cascade", "suffix"}
 
 
 @pytest.mark.parametrize("strategy", ["chain", "staged", "dyspec", "dyspec:variant=threshold", "gsd", "cascade"])

@@ -26,7 +26,7 @@ from test_sampling_exact import chisquare_p, exact_first_two, fit, reference_pro
 from test_sampling_exact import verify_sampling_no_residual
 from trtspec.runtime import step as step_mod
 from trtspec.runtime.sampling import SamplingParams
-from trtspec.runtime.strategies import GSD, Cascade, ChainSpeculative, DySpec, Staged
+from trtspec.runtime.strategies import GSD, Cascade, ChainSpeculative, DySpec, Staged, SuffixSpeculative
 from trtspec.runtime.strategies import dyspec as dyspec_mod
 from trtspec.runtime.verify import verify_sampling
 
@@ -59,6 +59,10 @@ def make(name: str, bigram: str | None = None):
         # the sampled token itself would bias the output (budget.draw_value: decided before the draw)
         "chain-auto-cpu": lambda: ChainSpeculative(max_k=3),
         "dyspec-heap-auto-cpu": lambda: DySpec("heap", max_budget=6, batch=2, max_depth=3),
+        # suffix tries: the request's own history, then with a global trie that every earlier sample fed
+        # (each run's tree depends on the runs before it; verification must not notice)
+        "suffix": lambda: SuffixSpeculative(budget=6, width=3, min_prob=0.01, scope=""),
+        "suffix-global-auto": lambda: SuffixSpeculative(max_budget=6, width=3, min_prob=0.01, scope="chi-square"),
     }[name]()
 
 
@@ -118,7 +122,8 @@ CASES = [("staged", T1, PROMPT), ("dyspec-heap", T1, PROMPT), ("dyspec-threshold
          ("gsd", T1, PROMPT), ("cascade", T1, PROMPT), ("cascade-lenient-bigram", T1, PROMPT),
          ("dyspec-heap", TKP, SHORT), ("gsd", TKP, SHORT),
          ("staged-auto", T1, PROMPT), ("dyspec-heap-auto", T1, PROMPT), ("gsd-auto", T1, PROMPT),
-         ("cascade-auto", T1, PROMPT), ("chain-auto-cpu", T1, PROMPT), ("dyspec-heap-auto-cpu", T1, PROMPT)]
+         ("cascade-auto", T1, PROMPT), ("chain-auto-cpu", T1, PROMPT), ("dyspec-heap-auto-cpu", T1, PROMPT),
+         ("suffix", T1, PROMPT), ("suffix-global-auto", TKP, PROMPT)]
 
 
 @pytest.mark.parametrize("name,sp,prompt", CASES,

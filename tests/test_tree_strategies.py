@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from conftest import SMALL_VOCAB
-from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged
+from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged, SuffixSpeculative
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ["llama", "qwen2", "mistral", "small"]
@@ -97,7 +97,10 @@ def check_steps(res, strat) -> None:
     for s in res.steps:
         assert 1 <= s.tree_size <= strat.max_tree_size()
         assert 0 <= s.accepted < s.tree_size
-        assert s.draft_forwards >= 1 or (s.extra.get("drafted") is False and s.tree_size == 1)   # auto: an ar step
+        if strat.needs_draft:                  # a draft model ran, unless budget auto made it an ar step
+            assert s.draft_forwards >= 1 or (s.extra.get("drafted") is False and s.tree_size == 1)
+        else:
+            assert s.draft_forwards == 0
         if "stage2_proposed" in s.extra:
             assert 0 <= s.extra["stage2_accepted"] <= s.extra["stage2_proposed"]
 
@@ -167,6 +170,19 @@ def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_dr
     vocab = gens[arch].target_engine.spec.vocab_size
     strat = Cascade(k_draft=k_draft, k_mag=k_mag, mag_len=mag_len, lenience=lenience,
                     bigram=bigram_tables[vocab] if use_bigram else None)
+    run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
+
+
+@SETTINGS
+@given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), budget=BUDGETS(24), width=hst.integers(1, 4),
+       min_prob=hst.sampled_from([0.0, 0.05, 0.3]), depth=hst.integers(2, 12), max_match=hst.integers(1, 8),
+       scope=hst.sampled_from(["", "hypothesis"]), prompts=hst.booleans())
+@pytest.mark.parametrize("arch", ARCHS)
+def test_suffix_equals_ar(gens, ar_ref, arch, idx, max_new, budget, width, min_prob, depth, max_match, scope,
+                          prompts):
+    """Own history alone, or with a global trie that every earlier example fed (so trees vary)."""
+    strat = SuffixSpeculative(budget=budget, width=width, min_prob=min_prob, depth=depth, max_match=max_match,
+                              scope=scope, prompts=prompts, global_nodes=5000)
     run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
 
 

@@ -203,7 +203,10 @@ def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
 @main.command()
 @click.option("--config", "config_path", default=None, help="Config (engines built once into the cache unless --engines).")
 @click.option("--engines", "engines_dir", type=click.Path(), default=None, help="Prebuilt engine folder of that config.")
-@click.option("--dataset", required=True, help="humaneval | mtbench | FILE.jsonl of {id, prompt} or {id, messages}.")
+@click.option("--dataset", required=True,
+              help="humaneval | mtbench | humaneval-edit (code editing: the answer repeats its input) | "
+                   "humaneval-json (one JSON instruction over many inputs) | FILE.jsonl of {id, prompt} or "
+                   "{id, messages}.")
 @click.option("--strategies", default="ar,chain,staged,gsd,dyspec,cascade", show_default=True,
               help="Comma-separated; ar is always added (the baseline).")
 @click.option("--peers", default="hf,hf-assisted,hf-lookup", show_default=True,

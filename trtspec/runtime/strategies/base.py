@@ -62,6 +62,9 @@ class Strategy:
         """With budget auto: the most nodes the budget may add to a tree (its cap); None: fixed."""
         return self.nodes if self.auto else None
 
+    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
+        """A request of this strategy ended normally (stop or length): what it may learn from it."""
+
     def max_draft_rows(self) -> int:
         """Most draft-KV rows one step writes beyond the sequence (fed tree nodes, reviewed chains)."""
         return 0

@@ -1,0 +1,127 @@
+"""Suffix tries (runtime/suffix.py) and the `suffix` strategy: counts equal brute force, removal
+forgets exactly what was added, the global trie stays under its cap, concurrent requests share it
+without races, and the strategy's output equals `ar` (greedy; sampling: test_tree_sampling.py;
+hypothesis over options: test_tree_strategies.py; batch invariance: test_batching.py)."""
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from trtspec.runtime.strategies import SuffixSpeculative
+from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, match, store
+
+SEQ = hst.lists(hst.integers(0, 5), max_size=40)
+
+
+def windows(seqs: list[list[int]], depth: int) -> Counter:
+    out: Counter = Counter()
+    for seq in seqs:
+        for s in range(len(seq)):
+            for e in range(s + 1, min(s + depth, len(seq)) + 1):
+                out[tuple(seq[s:e])] += 1
+    return out
+
+
+def counts(tree: SuffixTree) -> Counter:
+    out: Counter = Counter()
+
+    def walk(node, prefix):
+        for tok, kid in node.kids.items():
+            out[prefix + (tok,)] = kid.count
+            walk(kid, prefix + (tok,))
+    walk(tree.root, ())
+    return out
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(seqs=hst.lists(SEQ, max_size=5), depth=hst.integers(1, 8), drop=hst.integers(0, 5))
+def test_trie_counts_every_window_and_forgets_exactly(seqs, depth, drop):
+    tree = SuffixTree(depth)
+    for seq in seqs:
+        tree.add(seq)
+    assert counts(tree) == windows(seqs, depth)
+    assert tree.nodes == 1 + len(windows(seqs, depth))
+    gone = seqs[:drop]
+    for seq in gone:
+        tree.remove(seq)
+    assert counts(tree) == windows(seqs[drop:], depth)
+    assert tree.nodes == 1 + len(windows(seqs[drop:], depth))
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(seq=SEQ, depth=hst.integers(1, 8))
+def test_incremental_feed_equals_whole_add(seq, depth):
+    own, whole = Suffixes(depth), SuffixTree(depth)
+    for i in range(0, len(seq) + 1, 3):            # grown in pieces, as a request's sequence is
+        own.sync(seq[:i])
+    own.sync(seq)
+    whole.add(seq)
+    assert counts(own.tree) == counts(whole)
+
+
+def test_match_takes_the_longest_suffix_with_a_continuation_and_pools_tries():
+    a, b = SuffixTree(8), SuffixTree(8)
+    a.add([1, 2, 3, 4, 1, 2, 3, 5])
+    b.add([9, 2, 3, 4])
+    n, nodes = match([a, b], [7, 1, 2, 3], max_match=6)
+    assert n == 3 and len(nodes) == 1                  # "1 2 3" is in a only (followed by 4 and 5)
+    assert [(t, round(p, 2)) for t, p, _ in continuations(nodes)] == [(4, 0.5), (5, 0.5)]
+    n, nodes = match([a, b], [0, 2, 3], max_match=6)
+    assert n == 2 and len(nodes) == 2                  # "2 3": both tries; counts pooled
+    assert [(t, round(p, 2)) for t, p, _ in continuations(nodes)] == [(4, 0.67), (5, 0.33)]
+    assert match([a, b], [8, 8], max_match=6) == (0, [])
+
+
+def test_the_global_trie_stays_under_its_cap_after_10k_requests():
+    store = SuffixStore(depth=16, max_nodes=20_000)
+    rng = random.Random(0)
+    most = 0
+    for i in range(10_000):
+        template = [1, 2, 3, 4, 5, 6] * 3              # repetitive traffic: the same instruction, new inputs
+        store.add(template + [rng.randrange(1000) for _ in range(20)])
+        most = max(most, store.tree.nodes)
+    print(f"[suffix] global trie after 10k requests: {store.tree.nodes} nodes (cap 20000, most {most}), "
+          f"{len(store)} requests held")
+    assert most <= 20_000 and 0 < len(store) < 10_000
+    assert counts(store.tree) == windows(list(store.held), 16)      # what it holds is exactly the newest
+
+
+def test_concurrent_requests_share_the_global_trie(small_pair):
+    """16 threads on one Generator (and its scheduler) with one global trie: every output equals ar,
+    and the trie holds exactly the finished outputs."""
+    gen = small_pair.generator(capacity=256, slots=4)
+    prompts = [[1 + i % 5, 3, 5, 1 + i % 5, 3] for i in range(16)]
+    refs = [gen.generate(p, strategy="ar", max_new_tokens=24).token_ids for p in prompts]
+    scope = "threads-test"
+    strat = SuffixSpeculative(budget=8, scope=scope, global_nodes=100_000)
+    outs: list = [None] * 16
+
+    def run(i: int) -> None:
+        outs[i] = gen.generate(prompts[i], strategy=strat, max_new_tokens=24).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert outs == refs
+    shared = store(scope, strat.depth, small_pair.spec.vocab_size, strat.global_nodes)
+    assert sorted(map(tuple, shared.held)) == sorted(map(tuple, refs))
+    gen.close()
+
+
+def test_suffix_drafts_from_history_without_a_model(small_pair):
+    """A repeated request is drafted from the global trie: many tokens per step, no draft forward."""
+    gen = small_pair.generator(capacity=256)
+    prompt = [2, 11, 2, 11, 5]
+    strat = SuffixSpeculative(budget=16, scope="repeat-test")
+    first = gen.generate(prompt, strategy=strat, max_new_tokens=40)
+    again = gen.generate(prompt, strategy=strat, max_new_tokens=40)
+    assert again.token_ids == first.token_ids == gen.generate(prompt, strategy="ar", max_new_tokens=40).token_ids
+    assert again.stats["draft_forwards"] == 0
+    assert again.stats["mean_accepted"] > first.stats["mean_accepted"] and again.stats["mean_accepted"] > 3
+    gen.close()
