@@ -257,6 +257,8 @@ def test_error_cases(server):
         (dict(ok, extra_body=spec("chain", k=0)), 400, ("speculative.k",), "speculative"),
         (dict(ok, extra_body=spec("chain", kk=3)), 400, ("kk",), "speculative"),
         (dict(ok, extra_body=spec("cascade", bigram="/etc/passwd")), 400, ("file on the server",), None),
+        (dict(ok, extra_body=spec("suffix", scope="someone-else")), 400, ("whose history",), None),
+        (dict(ok, extra_body=spec("suffix", global_nodes=50_000_000)), 400, ("server's memory",), None),
         (dict(ok, prompt=[]), 400, ("empty",), "prompt"),
         (dict(ok, prompt=["a", "b"]), 400, ("one prompt per request",), "prompt"),
         (dict(ok, prompt=[10**6]), 400, ("outside the model's vocabulary",), None),

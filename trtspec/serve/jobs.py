@@ -23,7 +23,12 @@ from ..runtime.text import TextStream
 from .protocol import ApiError, ChatRequest, Speculative, _Sampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions; chat defaults to what fits
-SERVER_SIDE_OPTIONS = ("bigram",)      # options naming files on the server: config only
+# Options only the server's config may set: files on the server (cascade's bigram), and what the
+# suffix strategy shares between requests (its global trie's scope and memory cap: a client must not
+# read another scope's history nor make the server hold new tries).
+SERVER_SIDE_OPTIONS = {"bigram": "names a file on the server", "scope": "chooses whose history is shared",
+                       "global_nodes": "sets the server's memory for shared history",
+                       "prompts": "chooses what the server keeps of requests"}
 
 
 @dataclass
@@ -44,9 +49,9 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
         raise ApiError(400, f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}",
                        param="speculative.strategy", code="strategy_not_found")
     opts = spec.options()
-    for key in SERVER_SIDE_OPTIONS:
+    for key, why in SERVER_SIDE_OPTIONS.items():
         if key in opts:
-            raise ApiError(400, f"speculative.{key} names a file on the server; set it in the server's config",
+            raise ApiError(400, f"speculative.{key} {why}; set it in the server's config",
                            param=f"speculative.{key}")
     if name not in svc.allowed:
         raise ApiError(400, f"strategy {name!r} is not enabled on this server; enabled: {', '.join(svc.allowed)}",
