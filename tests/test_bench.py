@@ -415,3 +415,16 @@ def test_repetitive_workloads_are_built_from_human_eval():
     assert plain[0].text in edit[0].messages[0]["content"] and plain[5].text in js[5].messages[0]["content"]
     assert len({p.messages[0]["content"].split("\n\n")[0] for p in edit}) == 3      # three edit kinds, in turn
     assert len({p.messages[0]["content"].split("\n\n")[0] for p in js}) == 1        # one instruction
+
+
+def test_suffix_variants_learn_only_from_their_own_runs(engines, prompts_file, tmp_path):
+    """Two suffix runners in one bench keep separate global tries (neither drafts from the other's
+    answer to the same prompt), and the warm-up teaches neither: each holds only its measured runs."""
+    from trtspec.runtime import suffix as suffix_mod
+    suffix_mod.forget()
+    r = invoke("--config", TINY, "--engines", engines, "--dataset", prompts_file, "--strategies",
+               "suffix,suffix:width=1", "--peers", "none", "--limit", 2, "--max-new-tokens", 8, "--threads", 1,
+               "--output", tmp_path / "res")
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    held = {key[0]: len(s) for key, s in suffix_mod._STORES.items()}
+    assert held == {"bench:suffix": 2, "bench:suffix:width=1": 2}

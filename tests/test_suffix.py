@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from trtspec.runtime.strategies import SuffixSpeculative
-from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, match, store
+from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 
@@ -124,4 +124,15 @@ def test_suffix_drafts_from_history_without_a_model(small_pair):
     assert again.token_ids == first.token_ids == gen.generate(prompt, strategy="ar", max_new_tokens=40).token_ids
     assert again.stats["draft_forwards"] == 0
     assert again.stats["mean_accepted"] > first.stats["mean_accepted"] and again.stats["mean_accepted"] > 3
+    gen.close()
+
+
+def test_forget_drops_the_global_tries(small_pair):
+    gen = small_pair.generator(capacity=256)
+    strat = SuffixSpeculative(budget=8, scope="forget-test")
+    gen.generate([2, 11, 2, 11, 5], strategy=strat, max_new_tokens=12)
+    vocab = small_pair.spec.vocab_size
+    assert len(store("forget-test", strat.depth, vocab, strat.global_nodes)) == 1
+    forget("forget-test")
+    assert len(store("forget-test", strat.depth, vocab, strat.global_nodes)) == 0
     gen.close()

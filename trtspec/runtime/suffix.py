@@ -153,3 +153,11 @@ def store(scope: str, depth: int, vocab: int, max_nodes: int) -> SuffixStore:
             s = _STORES[scope, depth, vocab] = SuffixStore(depth, max_nodes)
         s.max_nodes = max(s.max_nodes, max_nodes)
         return s
+
+
+def forget(scope: str | None = None) -> None:
+    """Drop the global tries of `scope` (every scope when None): a benchmark's warm-up must not teach
+    them what the measured runs will write."""
+    with _STORES_LOCK:
+        for key in [k for k in _STORES if scope is None or k[0] == scope]:
+            del _STORES[key]

@@ -58,6 +58,7 @@ import torch
 
 from ..errors import RequestError
 from ..runtime.prompts import Prompt, encode
+from ..runtime.suffix import forget as forget_history
 from .datasets import load_prompts
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
@@ -207,7 +208,7 @@ class Bench:
         self.gen.stop_ids = set()          # benchmark: every runner emits exactly max_new_tokens
         if opts.plan_costs:
             self.gen.costs = read_costs(opts.plan_costs)
-        self.strategies = {name: self.gen.strategy(name) for name in opts.strategies}   # validates early
+        self.strategies = {name: self._strategy(name) for name in opts.strategies}   # validates early
         self.timers = {role: instrument(b) for role, b in self.gen.batchers.items()}
         self.folder = folder
         self.device = str(getattr(self.gen.target_engine, "device", "cpu"))
@@ -235,6 +236,15 @@ class Bench:
 
     def fits(self, ids: list[int]) -> bool:
         return len(ids) + self.opts.max_new_tokens + self.max_tree <= self.gen.capacity
+
+    def _strategy(self, name: str):
+        """A runner's strategy. One that learns from finished requests (suffix's global trie) learns
+        only from its own runs: two variants in one bench never read each other's answers to the
+        same prompt (unless the spec names a scope)."""
+        strat = self.gen.strategy(name)
+        if getattr(strat, "scope", "") and "scope=" not in name:
+            strat = self.gen.strategy(name, scope=f"bench:{name}")
+        return strat
 
     def run(self, runner: str, ids: list[int], max_new: int) -> dict:
         rss_before = status_mb("VmRSS")
@@ -409,6 +419,7 @@ def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path
     warm_tokens = min(opts.max_new_tokens, opts.warmup_tokens)
     for name in bench.runners:           # warm-up: allocators, thread pools, lazy inits; not recorded
         bench.run(name, encoded[0][1], warm_tokens)
+    forget_history()                     # what the warm-up wrote must not draft the measured runs
 
     records = []
     output.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import RequestError
+from ..runtime.suffix import forget as forget_history
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -55,7 +56,9 @@ def closed_loop(count: int, concurrency: int, one: Callable[[int], dict]) -> tup
 
 
 def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurrency: int) -> dict:
-    """All prompts through `gen` with `concurrency` closed-loop clients; one record."""
+    """All prompts through `gen` with `concurrency` closed-loop clients; one record. Every wave starts
+    with no learned history (suffix's global tries): the waves run the same prompts."""
+    forget_history()
     batcher = gen.batchers["target"]
     f0, r0 = batcher.forwards, batcher.rows
 
