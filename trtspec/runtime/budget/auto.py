@@ -98,8 +98,9 @@ class AutoBudget:
         longer be exact), so the decision uses this expectation, made before the draw."""
         return parent_value * self.f.expected(draw, q)
 
-    def saw_top1(self, q: float) -> None:
-        self.top1 = (1 - EMA) * self.top1 + EMA * self.f(q)
+    def saw_top1(self, q) -> None:
+        """A fed node's top-1 draft probability (a float, or a device scalar read here)."""
+        self.top1 = (1 - EMA) * self.top1 + EMA * self.f(float(q))
 
     def worth(self, v: float, ahead: int = 0) -> bool:
         """Does a node of value v raise the step's expected rate, alone or (`ahead` > 0) with the

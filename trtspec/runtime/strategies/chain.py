@@ -48,20 +48,25 @@ class ChainSpeculative(Strategy):
         qs, probs = [], []
         value, fed = 1.0, 0
         for i in range(self.nodes):
-            q = torch.softmax(logits[-1].float(), -1) if greedy else st.draft_probs(logits[-1:])[0]
             ahead = self.nodes - i - 1
-            budget.saw_top1(float(q.max()))
-            # sampled: decided before the draw (budget.draw_value); greedy: the argmax's own value
-            tok = int(logits[-1].argmax()) if greedy else None
-            v = budget.value(value, float(q[tok])) if greedy else budget.draw_value(value, q, q)
+            if greedy:                  # the argmax and its probability (the top-1): one host read
+                q = torch.softmax(logits[-1].float(), -1)
+                top, tok = torch.stack([q.max(), logits[-1].argmax().to(q.dtype)]).tolist()  # ids < 2^24
+                tok = int(tok)
+                budget.saw_top1(top)
+                v = budget.value(value, top)
+            else:                       # decided before the draw (budget.draw_value), then drawn
+                q = st.draft_probs(logits[-1:])[0]
+                budget.saw_top1(q.max())           # a device scalar: only budget auto reads it
+                v = budget.draw_value(value, q, q)
             if not budget.worth(v, ahead):
                 break
             budget.add(v)
             value = v
             if not greedy:
-                tok = sample(q, st.gen)
+                tok = sample(q, st.gen)            # the draft step's one host read
                 qs.append(q)
-            probs.append(float(q[tok]))
+            probs.append(q[tok])                   # read only if the budget calibrates (node_q)
             drafts.append(tok)
             if i == self.nodes - 1 or not budget.worth_feeding([], [value], 1, ahead):
                 break
@@ -73,6 +78,5 @@ class ChainSpeculative(Strategy):
             q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs)
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
-        node_q = np.array([np.nan] + probs)
         return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), runner.forwards - f0,
-                        lambda: node_q)
+                        lambda: np.array([np.nan] + (torch.stack(probs).tolist() if probs else [])))

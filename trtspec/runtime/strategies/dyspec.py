@@ -45,29 +45,27 @@ class DySpec(Strategy):
     def max_draft_rows(self) -> int:
         return self.nodes                      # every fed node was added first
 
-    def _draw(self, st: DecodeState, residual: torch.Tensor) -> int:
-        if st.sampling.greedy:
-            return int(residual.argmax())
-        return int(torch.multinomial(residual, 1, generator=st.gen))
-
     def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor, value: dict):
         """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
         budget finds the child not worth verifying. `value`: the nodes' values."""
         budget, greedy = st.budget, st.sampling.greedy
         ahead = self.max_depth - int(tree.depth[parent]) - 1     # draft forwards still possible below it
-        if not greedy:                                  # decided before the draw (budget.draw_value)
+        if greedy:                  # the draw is the argmax, valued by its own draft probability: one read
+            y = residual.argmax()
+            y, ry, qy = torch.stack([y.to(residual.dtype), residual[y], tree.probs[parent][y]]).tolist()
+            y = int(y)                                  # token ids < 2^24: exact in float32
+            v = budget.value(value[parent], qy)
+            if not budget.worth(v, ahead):
+                return None
+        else:                       # decided before the draw (budget.draw_value), then drawn
             v = budget.draw_value(value[parent], residual, tree.probs[parent])
             if not budget.worth(v, ahead):
                 return None
-        y = self._draw(st, residual)
-        if greedy:                                      # the draw is the argmax: its own value
-            v = budget.value(value[parent], tree.prob(parent, y))
-            if not budget.worth(v, ahead):
-                return None
+            y = int(torch.multinomial(residual, 1, generator=st.gen))
+            ry = float(residual[y])
         budget.add(v)
         node = tree.add(parent, y, q=None if greedy else residual.clone())
         value[node] = v
-        ry = float(residual[y])
         rest = residual.clone()
         rest[y] = 0.0
         total = float(rest.sum())
