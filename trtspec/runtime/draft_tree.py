@@ -209,13 +209,17 @@ class DraftTree:
         path = self.tokens[: self.size][self.anc[node, : self.size]]
         return np.concatenate([self.st.tokens(), path[1:]])
 
-    def proposal(self, nodes: list[int] | None = None, **stats) -> Proposal:
-        """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row."""
+    def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None,
+                 **stats) -> Proposal:
+        """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row.
+        `path_flags`: {record name: node flag ("reviewed", "borrowed")} the step reports as whether
+        the accepted path has a flagged node."""
         target_tree, sel = self.token_tree(nodes)
         rows = np.where((self.row[sel] >= 0) & ~self.borrowed[sel], self.row[sel], -1)
+        flags = {"reviewed": self.from_review[sel], "borrowed": self.borrowed[sel]}
         return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
-                        nodes={"reviewed": self.reviewed_mask(sel), "borrowed": self.borrowed[sel].tolist()},
-                        stats=stats)
+                        nodes={"reviewed": self.reviewed_mask(sel), "borrowed": flags["borrowed"].tolist()},
+                        stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()})
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a

@@ -51,13 +51,13 @@ class AutoBudget:
         self.gate = ArGate()
         self.f = Acceptance()
         self.top1 = 0.5                     # running f(top-1 probability) at fed nodes
-        self.own = (0, 1.0)                 # what this request sent to the last target phase
+        self.last_expected = 1.0            # expected emitted tokens of this request's last step
         self.rounds: list[int] = []         # this step's draft forwards so far (tokens each)
         self.draft_s, self.expected, self.nodes = 0.0, 0.0, 0
 
     def expected_emitted(self) -> float:
         """This request's expected emitted tokens in its last step (the scheduler's batch view)."""
-        return self.own[1]
+        return self.last_expected
 
     # -- one step ---------------------------------------------------------------------------------
     def begin(self, cached: int) -> bool:
@@ -186,5 +186,5 @@ class AutoBudget:
         self.gate.observe(realized, self.nodes)
         record = step_record(self, tree_size, emitted, seconds, realized)
         # last: the batch view still holds the step before (the scheduler updates it after this phase)
-        self.own = (tree_size, 1 + self.expected)
+        self.last_expected = 1 + self.expected
         return record

@@ -66,7 +66,7 @@ class ChainSpeculative(Strategy):
             if not greedy:
                 tok = sample(q, st.gen)            # the draft step's one host read
                 qs.append(q)
-            probs.append(q[tok])                   # read only if the budget calibrates (node_q)
+            probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)
             if i == self.nodes - 1 or not budget.worth_feeding([], [value], 1, ahead):
                 break
@@ -79,4 +79,4 @@ class ChainSpeculative(Strategy):
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
         return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), runner.forwards - f0,
-                        lambda: np.array([np.nan] + (torch.stack(probs).tolist() if probs else [])))
+                        lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())))

@@ -120,9 +120,8 @@ class GSD(Strategy):
             if not any(confident[c] for c in new):
                 break
             frontier = new
-        proposal = tree.proposal(self._unroll(tree, merged, budget), merges=merges)
-        proposal.path_flags["merged_path"] = np.array(proposal.nodes["borrowed"])
-        return proposal
+        return tree.proposal(self._unroll(tree, merged, budget), path_flags={"merged_path": "borrowed"},
+                             merges=merges)
 
     def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], budget) -> list[int]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
