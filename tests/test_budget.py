@@ -314,7 +314,7 @@ def test_auto_equals_ar_and_records_the_policy(small_pair, strategy):
     gen.close()
 
 
-@pytest.mark.parametrize("strategy", ["chain", "staged"])
+@pytest.mark.parametrize("strategy", ["chain", "staged:suffix=false"])
 def test_the_draft_is_prefilled_lazily(small_pair, strategy):
     """budget auto prefills a request's draft at its first drafted step: never, where no tree pays;
     catching up a 300-token prompt (chunks of at most 256) where trees do; ar's tokens either way."""
@@ -340,11 +340,19 @@ def test_requests_admitted_together_plan_their_first_step_as_a_batch(small_pair)
     gen = small_pair.generator(capacity=192, costs=ROWS, slots=4)
     refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
     with gen.scheduler._cv:                       # the scheduler thread waits: all four arrive at once
-        handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
+        handles = [gen.submit(p, strategy="staged:suffix=false", max_new_tokens=12) for p in prompts]
     results = [h.result() for h in handles]
     assert [r.token_ids for r in results] == refs and gen.batchers["draft"].forwards == 0
     assert all(s.tree_size == 1 and not s.extra["drafted"] for r in results for s in r.steps)
-    alone = gen.generate(prompts[0], strategy="staged", max_new_tokens=12)
+    # With suffix drafts (the default) the same crowded first step still speculates, for free.
+    with gen.scheduler._cv:
+        handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
+    results = [h.result() for h in handles]
+    assert [r.token_ids for r in results] == refs
+    first = [r.steps[0] for r in results]
+    assert all(not s.extra["drafted"] and s.draft_forwards == 0 for s in first)
+    assert all(s.tree_size > 1 and set(s.extra["sources"]) == {"suffix"} for s in first)
+    alone = gen.generate(prompts[0], strategy="staged:suffix=false", max_new_tokens=12)
     assert alone.token_ids == refs[0] and alone.steps[0].extra["drafted"] and gen.batchers["draft"].forwards > 0
     gen.close()
 

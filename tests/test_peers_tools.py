@@ -57,7 +57,7 @@ def fake_server(tmp_path, monkeypatch):
 
 def test_llama_cpp_peers_protocol(fake_server):
     config = {"target": {"model": str(fake_server / "t.gguf")}, "draft": {"model": str(fake_server / "d.gguf")}}
-    peers = LlamaCppPeers(config, ["llama.cpp", "llama.cpp-spec"], threads=2, capacity=512,
+    peers = LlamaCppPeers(config, ["llama.cpp", "llama.cpp-spec", "llama.cpp-ngram-mod"], threads=2, capacity=512,
                           log_dir=fake_server / "logs")
     try:
         tokens, stats = peers.run("llama.cpp", [1, 2, 3], 8)
@@ -68,6 +68,9 @@ def test_llama_cpp_peers_protocol(fake_server):
         assert peers.settings()["version"] == "version: stand-in"
         args = [json.loads(p.read_text()) for p in sorted(fake_server.glob("*.args"))]
         assert sum("-md" in a for a in args) == 1 and all(a[a.index("-t") + 1] == "2" for a in args)
+        assert sorted(a[a.index("--spec-type") + 1] for a in args if "--spec-type" in a) == ["draft-simple",
+                                                                                          "ngram-mod"]
+        assert "ngram-mod" in peers.settings()["speculative"]["llama.cpp-ngram-mod"]
         with pytest.raises(RequestError, match="llama-server request failed .*llama.cpp.log"):
             peers.servers["llama.cpp"].complete({})     # the server fails: one line naming its log
     finally:

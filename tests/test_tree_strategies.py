@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from conftest import SMALL_VOCAB
-from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged, SuffixSpeculative
+from trtspec.runtime.strategies import GSD, Cascade, DySpec, NGramSpeculative, Staged, SuffixSpeculative
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ["llama", "qwen2", "mistral", "small"]
@@ -97,8 +97,9 @@ def check_steps(res, strat) -> None:
     for s in res.steps:
         assert 1 <= s.tree_size <= strat.max_tree_size()
         assert 0 <= s.accepted < s.tree_size
-        if strat.needs_draft:                  # a draft model ran, unless budget auto made it an ar step
-            assert s.draft_forwards >= 1 or (s.extra.get("drafted") is False and s.tree_size == 1)
+        if strat.needs_draft:                  # a draft model ran, unless budget auto made it an ar step,
+            suffix_only = set(s.extra.get("sources", {})) == {"suffix"}   # or a tree of suffix drafts alone
+            assert s.draft_forwards >= 1 or suffix_only or (s.extra.get("drafted") is False and s.tree_size == 1)
         else:
             assert s.draft_forwards == 0
         if "stage2_proposed" in s.extra:
@@ -121,12 +122,14 @@ def run_and_compare(gens, ar_ref, arch, idx, strat, max_new):
 @SETTINGS
 @given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), budget=BUDGETS(24),
        width=hst.integers(1, 6), top_k=hst.integers(1, 5), max_rounds=hst.integers(1, 8),
-       stage2=hst.booleans(), stage2_len=hst.integers(1, 6), min_prob=hst.sampled_from([0.0, 0.01, 0.05]))
+       stage2=hst.booleans(), stage2_len=hst.integers(1, 6), min_prob=hst.sampled_from([0.0, 0.01, 0.05]),
+       suffix=hst.booleans(), scope=hst.sampled_from(["", "hypothesis-staged"]))
 @pytest.mark.parametrize("arch", ARCHS)
 def test_staged_equals_ar(gens, ar_ref, arch, idx, max_new, budget, width, top_k, max_rounds, stage2,
-                          stage2_len, min_prob):
+                          stage2_len, min_prob, suffix, scope):
+    """Mixed trees (suffix: true, with or without a global trie) and the former n-gram staged."""
     strat = Staged(budget=budget, width=width, top_k=top_k, max_rounds=max_rounds, stage2=stage2,
-                   stage2_len=stage2_len, min_prob=min_prob)
+                   stage2_len=stage2_len, min_prob=min_prob, suffix=suffix, scope=scope)
     run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
 
 
@@ -163,13 +166,14 @@ def test_gsd_equals_ar(gens, ar_ref, arch, idx, max_new, repeat, top_k, sibling_
 
 @SETTINGS
 @given(idx=prompt_idx(), max_new=hst.integers(1, MAX_NEW), k_draft=BUDGETS(8), mag_len=hst.integers(0, 6),
-       k_mag=hst.integers(0, 4), lenience=hst.sampled_from([1.0, 3.0]), use_bigram=hst.booleans())
+       k_mag=hst.integers(0, 4), lenience=hst.sampled_from([1.0, 3.0]), use_bigram=hst.booleans(),
+       suffix=hst.booleans())
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cascade_equals_ar(gens, ar_ref, bigram_tables, arch, idx, max_new, k_draft, mag_len, k_mag, lenience,
-                           use_bigram):
+                           use_bigram, suffix):
     vocab = gens[arch].target_engine.spec.vocab_size
     strat = Cascade(k_draft=k_draft, k_mag=k_mag, mag_len=mag_len, lenience=lenience,
-                    bigram=bigram_tables[vocab] if use_bigram else None)
+                    bigram=bigram_tables[vocab] if use_bigram else None, suffix=suffix, scope="hypothesis-cascade")
     run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
 
 
@@ -228,7 +232,7 @@ def test_gsd_merges_happen_and_merged_paths_are_accepted(gens, ar_ref):
     GSD(repeat=0), GSD(repeat=1), GSD(repeat=2, top_k=5, sibling_ratio=0.0, confidence=0.0),
     Cascade(k_draft=3, k_mag=4, mag_len=6), Cascade(k_draft=3, k_mag=2, mag_len=6, lenience=3.0),
     Cascade(k_draft=8, k_mag=4, mag_len=0), Cascade(k_draft=5, k_mag=3, mag_len=1, lenience=3.0),
-    Cascade(), Cascade(lenience=3.0),
+    Cascade(), Cascade(lenience=3.0), Cascade(suffix=True), Staged(scope=""),
 ], ids=lambda s: f"{s.name}-" + "-".join(f"{k}={v}" for k, v in vars(s).items()
                                             if isinstance(v, (int, float, str)) and k != "merges"))
 def test_fixed_strategies_equal_ar(gens, ar_ref, strat):
@@ -253,12 +257,13 @@ def test_cascade_with_bigram_fixed(gens, ar_ref, bigram_tables):
 
 
 def test_speculation_is_not_vacuous(gens):
-    """Drafts are accepted and rejected, stage-2 / MaG tokens are kept by the draft's review, and
+    """Drafts are accepted and rejected, stage-2 / MaG tokens (or suffix chains: staged with the
+    request's own suffix trie, no global one) are kept by the draft's review, and
     dyspec-threshold grows deeper than one level on peaked distributions. Fixed budgets (the former
     defaults): on these tiny pairs a draft forward costs what a target forward does, so budget auto
     rightly drafts little (test_budget.py covers it)."""
     stats = {}
-    for strat in (Staged(budget=24), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
+    for strat in (Staged(budget=24, suffix=False), Staged(budget=24, scope=""), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
                   GSD(repeat=1, budget=32),
                   Cascade(k_draft=3, k_mag=2, mag_len=6)):
         acc = rej = kept = 0
@@ -275,6 +280,30 @@ def test_speculation_is_not_vacuous(gens):
         if strat.name in ("staged", "cascade"):
             assert kept > 0, f"{strat.name}: no reviewed token was ever kept"
     print(f"[vacuity] (accepted drafts, zero-acceptance steps, stage-2 kept): {stats}")
+
+
+def test_step_records_say_who_drafted(gens):
+    """Every step's `sources` counts each tree node (root aside) once, under the drafter that proposed
+    it, and the accepted ones; a recorded tree carries each node's source."""
+    cases = ((NGramSpeculative(), {"ngram"}), (SuffixSpeculative(scope=""), {"suffix"}),
+             (Staged(budget=12, suffix=False), {"draft", "review"}),
+             (Staged(budget=12, scope=""), {"draft", "review", "suffix"}),
+             (Cascade(k_draft=3, k_mag=2, mag_len=4), {"draft", "review", "ngram"}),
+             (Cascade(k_draft=3, k_mag=2, mag_len=4, suffix=True, scope=""), {"draft", "review", "suffix"}))
+    for strat, allowed in cases:
+        seen: set = set()
+        for arch, prompts in FIXED_PROMPTS.items():
+            for prompt in prompts:
+                res = gens[arch].generate(prompt, strategy=strat, max_new_tokens=MAX_NEW, record_trees=True)
+                for s in res.steps:
+                    mix = s.extra.get("sources", {})
+                    assert set(mix) <= allowed, (strat.name, mix)
+                    assert sum(p for p, _ in mix.values()) == s.tree_size - 1
+                    assert sum(a for _, a in mix.values()) == s.accepted
+                    if s.tree_size > 1:
+                        assert len(s.extra["tree"]["source"]) == s.tree_size
+                    seen |= set(mix)
+        assert seen == allowed, (strat.name, seen)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -204,15 +204,17 @@ def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
 @click.option("--config", "config_path", default=None, help="Config (engines built once into the cache unless --engines).")
 @click.option("--engines", "engines_dir", type=click.Path(), default=None, help="Prebuilt engine folder of that config.")
 @click.option("--dataset", required=True,
-              help="humaneval | mtbench | humaneval-edit (code editing: the answer repeats its input) | "
+              help="humaneval | mtbench | mtbench-turn2 (the second turn, after the model's own first answer) | "
+                   "humaneval-edit (code editing: the answer repeats its input) | "
                    "humaneval-json (one JSON instruction over many inputs) | FILE.jsonl of {id, prompt} or "
                    "{id, messages}.")
 @click.option("--strategies", default="ar,chain,staged,gsd,dyspec,cascade", show_default=True,
               help="Comma-separated; ar is always added (the baseline).")
 @click.option("--peers", default="hf,hf-assisted,hf-lookup", show_default=True,
               help="Peers, comma-separated, or 'none': hf, hf-assisted, hf-lookup (transformers on the same "
-                   "weights); llama.cpp, llama.cpp-spec (llama-server on the same GGUF files, plain and with "
-                   "the draft; build it once with `make llama-cpp`).")
+                   "weights); llama.cpp, llama.cpp-spec, llama.cpp-ngram-{simple,map-k,map-k4v,mod,cache} "
+                   "(llama-server on the same GGUF files: plain, with the draft, with each draftless n-gram "
+                   "mode; build it once with `make llama-cpp`).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="First N prompts (default: all).")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
               help="Every N-th prompt, before --limit (MT-Bench is sorted by category: --stride 4 "
@@ -330,6 +332,11 @@ def _engines(engines_dir: str | None, opened, cfg, log):
               help="Largest request body, MiB: a larger one gets 413 before it is read or parsed.")
 @click.option("--body-timeout", type=click.FloatRange(0, min_open=True), default=30.0, show_default=True,
               help="Seconds a request's body may take to arrive (408 after; a slow client never holds a slot).")
+@click.option("--history", type=click.Choice(["shared", "user", "off"]), default="shared", show_default=True,
+              help="What suffix drafts (suffix, staged) learn from: every finished request (shared: the "
+                   "config's scope), only the same OpenAI `user`'s (user: one trie per user, the 64 most "
+                   "recent kept), or a request's own tokens (off). Outputs never change; speed can hint "
+                   "whether a text resembles others', so serve untrusted tenants with user or off.")
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="On SIGTERM / Ctrl-C: seconds running requests get to finish before they are cancelled.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -339,7 +346,8 @@ def _engines(engines_dir: str | None, opened, cfg, log):
               help="uvicorn's log level (info adds an access log line per request).")
 @user_errors
 def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, model_name, strategy,
-          allow_strategies, timeout, max_body_mb, body_timeout, drain_timeout, backend, threads, log_level) -> None:
+          allow_strategies, timeout, max_body_mb, body_timeout, history, drain_timeout, backend, threads,
+          log_level) -> None:
     """Serve the engines over an OpenAI-compatible HTTP API (completions, chat, streaming).
 
     \b
@@ -377,7 +385,7 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     with gen:                                    # closed after the drain, or if serving fails
         svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
                       allowed=allowed, backend=gen.backend, max_body=int(max_body_mb * (1 << 20)),
-                      body_timeout=body_timeout)
+                      body_timeout=body_timeout, history=history)
         run_server(svc, sock, drain_timeout, log, log_level)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .decode import DecodeState
-from .proposal import Proposal
+from .proposal import DRAFT, REVIEW, SUFFIX, Proposal
 from .runner import Calls
 from .tree import TokenTree
 
@@ -50,6 +50,8 @@ class DraftTree:
         self.alive = np.ones(n, dtype=bool)                       # False: rejected in a review
         self.borrowed = np.zeros(n, dtype=bool)                   # reached through a merged edge
         self.from_review = np.zeros(n, dtype=bool)                # proposed by a cheaper drafter
+        self.suffix_p = np.full(n, np.nan)                        # a suffix trie's candidate: its score
+        self.source = np.full(n, DRAFT, dtype=np.int64)           # who proposed the node (proposal.SOURCES)
         self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
         self.q: list[torch.Tensor | None] = [None] * n            # proposal dist a sampled child came from
         self.probs: dict[int, torch.Tensor] = {}                  # on the draft's device
@@ -80,7 +82,11 @@ class DraftTree:
         return tree
 
     # -- structure ---------------------------------------------------------------------------
-    def add(self, parent: int, token: int, q: torch.Tensor | None = None, borrowed: bool = False) -> int:
+    def add(self, parent: int, token: int, q: torch.Tensor | None = None, borrowed: bool = False,
+            suffix_p: float = np.nan, source: int = DRAFT) -> int:
+        """A node under `parent`. `suffix_p`: proposed by a suffix trie with that score (unfed until a
+        forward feeds it, like any node); `source`: who else proposed it, if not the draft model (an
+        unreviewed cheap chain: NGRAM, or SUFFIX without a score)."""
         n = self.size
         if n >= len(self.tokens):
             raise RuntimeError("draft tree capacity exceeded; lower the tree budget")
@@ -89,6 +95,8 @@ class DraftTree:
         self.anc[n] = self.anc[parent]
         self.anc[n, n] = True
         self.q[n] = q
+        self.suffix_p[n] = suffix_p
+        self.source[n] = SUFFIX if not np.isnan(suffix_p) else source
         self.borrowed[n] = borrowed or self.borrowed[parent]
         return n
 
@@ -132,7 +140,7 @@ class DraftTree:
         for node, chain in chains.items():
             prev, added = node, []
             for tok in chain:
-                prev = self.add(prev, int(tok))
+                prev = self.add(prev, int(tok), source=REVIEW)
                 self.from_review[prev] = True
                 added.append(prev)
             chain_of[node] = added
@@ -219,14 +227,16 @@ class DraftTree:
         flags = {"reviewed": self.from_review[sel], "borrowed": self.borrowed[sel]}
         return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
                         nodes={"reviewed": self.reviewed_mask(sel), "borrowed": flags["borrowed"].tolist()},
-                        stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()})
+                        stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()},
+                        source=self.source[sel].copy())
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a
-        node whose parent was never fed): what budget: auto's acceptance estimate is calibrated on."""
-        out = np.full(len(nodes), np.nan)
+        node whose parent was never fed), a suffix candidate's empirical probability: what budget:
+        auto's acceptance estimates are calibrated on (each source apart)."""
+        out = self.suffix_p[nodes].copy()
         fed = [(i, int(self.parents[n]), int(self.tokens[n])) for i, n in enumerate(nodes.tolist())
-               if self.parents[n] >= 0 and int(self.parents[n]) in self.probs]
+               if self.parents[n] >= 0 and int(self.parents[n]) in self.probs and self.source[n] in (DRAFT, REVIEW)]
         unread = [(p, t) for _, p, t in fed if t not in self.top[p][1] and (p, t) not in self._known]
         if unread:                                  # sampled children outside the top-k: one read for all
             for (p, t), v in zip(unread, torch.stack([self.probs[p][t] for p, t in unread]).tolist()):

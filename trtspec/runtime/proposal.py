@@ -10,6 +10,10 @@ verifies or commits.
   `None`: the strategy has no draft model (or did not draft): the draft cache is left as it is.
 - `node_q()`: each node's draft probability given its parent (NaN: none), computed only when a
   budget calibrates on it (budget: auto).
+- `source`: which drafter proposed each node, as indices into SOURCES (None: the draft model, or
+  no node at all). The step reports the mix (`sources`: proposed and accepted nodes per drafter)
+  and budget: auto calibrates each drafter's scores apart (`node_q()` holds the draft's
+  probability for a model node, the empirical probability for a suffix node).
 - `nodes`: per-node flags kept with a recorded tree (`--show-tree`); `stats`: the step's
   strategy-specific numbers; `path_flags`: per-node flags reported as whether the accepted path
   has one (e.g. `merged_path`).
@@ -23,6 +27,12 @@ import numpy as np
 
 from .tree import TokenTree
 
+# Who proposed a node: the draft model; a suffix trie (suffix.py); a cheap chain the draft reviewed
+# and kept (staged's stage 2, cascade's MaG: valued by the draft's probabilities); the n-gram copy
+# (the `ngram` strategy's unreviewed chain).
+SOURCES = ("draft", "suffix", "review", "ngram")
+DRAFT, SUFFIX, REVIEW, NGRAM = range(len(SOURCES))
+
 
 @dataclass
 class Proposal:
@@ -34,6 +44,16 @@ class Proposal:
     nodes: dict[str, list] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
     path_flags: dict[str, np.ndarray] = field(default_factory=dict)
+    source: np.ndarray | None = None
+
+    def sources(self, path: np.ndarray) -> dict[str, list[int]]:
+        """{drafter: [nodes proposed, nodes accepted]} of this tree (root excluded), once `path` is known."""
+        if len(self.tree) < 2:
+            return {}
+        src = np.zeros(len(self.tree), dtype=np.int64) if self.source is None else np.asarray(self.source)
+        proposed = np.bincount(src[1:], minlength=len(SOURCES))
+        accepted = np.bincount(src[path[1:]], minlength=len(SOURCES))
+        return {name: [int(proposed[i]), int(accepted[i])] for i, name in enumerate(SOURCES) if proposed[i]}
 
     @classmethod
     def root(cls, root: int) -> "Proposal":

@@ -1,6 +1,7 @@
 """The step: one decoding step of one request, the same for every strategy.
 
-    propose (the strategy, unless the budget makes it a plain ar step)
+    propose (the strategy; when the budget's ar gate says no draft forward pays, only what the
+    strategy can propose for free: a suffix tree, or the root alone, a plain ar step)
     -> one target forward over the tree -> exact acceptance (verify.py)
     -> commit the accepted rows of the target cache and of the draft cache -> report
 
@@ -25,7 +26,7 @@ def step(st: DecodeState, strategy) -> Calls:
     if st.budget.begin(st.target.cache.length):
         proposal = yield from strategy.propose(st)
     else:
-        proposal = Proposal.root(st.root)
+        proposal = strategy.free(st)
     return (yield from verify_and_commit(st, proposal, time.perf_counter() - t0))[0]
 
 
@@ -46,10 +47,14 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     verify_s = time.perf_counter() - t0
     extra = dict(proposal.stats)
     extra.update({name: bool(flags[path].any()) for name, flags in proposal.path_flags.items()})
+    if sources := proposal.sources(path):
+        extra["sources"] = sources
     if st.record_trees:
         extra["tree"] = {"tokens": tree.host_tokens.tolist(), "parents": tree.host_parents.tolist(),
                          "path": path.tolist(), "next_token": nxt, **proposal.nodes}
+        if proposal.source is not None:
+            extra["tree"]["source"] = proposal.source.tolist()
     extra.update(st.budget.observe(len(tree), path, tree.host_parents, proposal.node_q, len(emitted),
-                                   draft_s + verify_s))
+                                   draft_s + verify_s, proposal.source))
     st.steps.append(StepStats(len(tree), len(path) - 1, proposal.draft_forwards, draft_s, verify_s, extra))
     return emitted, path

@@ -10,14 +10,14 @@ matched (`match`), and the continuations below it are the candidates: a child to
 has the empirical probability count(w·y) / sum of the children's counts. Several tries (the
 request's own and a global one over finished requests) are read together by pooling their counts.
 
-`SuffixStore` is the global trie of a scope (a server may keep one per API key): finished
+`SuffixStore` is the global trie of a scope (a server may keep one per user): finished
 sequences go in, and the oldest are removed once it holds more than `max_nodes` nodes, so its memory
 is bounded. It is locked: requests of any Generator may read and add concurrently.
 """
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 
 
 class _Node:
@@ -140,17 +140,24 @@ class SuffixStore:
         return len(self.held)
 
 
-_STORES: dict[tuple[str, int, int], SuffixStore] = {}
+MAX_SCOPES = 64        # global tries kept at once; the least recently used is dropped past this
+_STORES: OrderedDict[tuple[str, int, int], SuffixStore] = OrderedDict()
 _STORES_LOCK = threading.Lock()
 
 
 def store(scope: str, depth: int, vocab: int, max_nodes: int) -> SuffixStore:
     """The global trie of `scope` for a `vocab`-token vocabulary (one per scope, depth and vocabulary,
-    created on first use; its cap is the largest asked for)."""
+    created on first use; its cap is the largest asked for). At most MAX_SCOPES are kept (a server
+    with one scope per user: the least recently used one is forgotten), so memory stays within
+    MAX_SCOPES x the cap."""
     with _STORES_LOCK:
-        s = _STORES.get((scope, depth, vocab))
+        key = (scope, depth, vocab)
+        s = _STORES.get(key)
         if s is None:
-            s = _STORES[scope, depth, vocab] = SuffixStore(depth, max_nodes)
+            s = _STORES[key] = SuffixStore(depth, max_nodes)
+            while len(_STORES) > MAX_SCOPES:
+                _STORES.popitem(last=False)
+        _STORES.move_to_end(key)
         s.max_nodes = max(s.max_nodes, max_nodes)
         return s
 

@@ -47,6 +47,7 @@ class Service:
     backend: str = ""
     max_body: int = 4 << 20              # request body bytes; larger ones get 413 before they are read
     body_timeout: float = 30.0           # seconds a request's body may take to arrive (slow clients: 408)
+    history: str = "shared"              # suffix history: shared by all requests, per `user`, or off
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     draining: bool = False

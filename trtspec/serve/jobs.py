@@ -7,6 +7,7 @@ stops early, which is how a disconnected client frees its slot. `outcome` reads 
 """
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,14 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions; c
 SERVER_SIDE_OPTIONS = {"bigram": "names a file on the server", "scope": "chooses whose history is shared",
                        "global_nodes": "sets the server's memory for shared history",
                        "prompts": "chooses what the server keeps of requests"}
+
+
+def history_scope(history: str, user: str | None) -> str:
+    """The suffix-history scope of a request: per `user` (a digest: the name is not kept; a request
+    with no `user` drafts from its own tokens only), or "" with history off."""
+    if history == "off" or not user:
+        return ""
+    return "user:" + hashlib.sha256(user.encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -57,6 +66,8 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
         raise ApiError(400, f"strategy {name!r} is not enabled on this server; enabled: {', '.join(svc.allowed)}",
                        param="speculative.strategy", code="strategy_not_enabled")
     gen = svc.gen
+    if svc.history != "shared" and hasattr(gen.strategy(name), "scope"):
+        opts["scope"] = history_scope(svc.history, body.user)
     limits = [t for t in (body.timeout, svc.timeout) if t is not None]   # the client may only shorten it
     try:
         strat = gen.strategy(name, **opts)

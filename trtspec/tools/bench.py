@@ -59,7 +59,7 @@ import torch
 from ..errors import RequestError
 from ..runtime.prompts import Prompt, encode
 from ..runtime.suffix import forget as forget_history
-from .datasets import load_prompts
+from .datasets import load_prompts, second_turns
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
 from .memory import reset_peak_rss, status_mb
@@ -283,7 +283,19 @@ class Bench:
                 "target_forwards": self.timers["target"].steps["step"],
                 "forward_seconds": sum(sum(t.seconds.values()) for t in self.timers.values()),
                 "tokens_per_step_hist": {str(k): hist[k] for k in sorted(hist)},
-                "token_ids": list(res.token_ids), **policy_steps(res.steps)}
+                "token_ids": list(res.token_ids), "sources": drafted_by(s.extra.get("sources", {}) for s in res.steps),
+                **policy_steps(res.steps)}
+
+
+def drafted_by(mixes) -> dict[str, list[int]]:
+    """{drafter: [nodes proposed, nodes accepted]} summed over steps' (or runs') `sources` records."""
+    out: dict[str, list[int]] = {}
+    for mix in mixes:
+        for name, (proposed, accepted) in mix.items():
+            tot = out.setdefault(name, [0, 0])
+            tot[0] += proposed
+            tot[1] += accepted
+    return out
 
 
 POLICY_KEYS = ("drafted", "budget", "expected_accepted", "predicted_gain", "measured_gain", "modelled_gain",
@@ -335,6 +347,7 @@ def aggregate(records: list[dict], runners: list[str]) -> dict[str, dict]:
         for k in SUM_KEYS:
             a[k] = sum(r.get(k) or 0 for r in rs)
         a["tokens_per_s"] = a["new_tokens"] / a["seconds"] if a["seconds"] > 0 else 0.0
+        a["sources"] = drafted_by(r.get("sources") or {} for r in rs)
         a["mean_accepted"] = a["new_tokens"] / a["target_steps"] if a["target_steps"] else None
         a["overhead_fraction"] = a["other_seconds"] / a["seconds"] if a["seconds"] > 0 else None
         a["forward_fraction"] = a["forward_seconds"] / a["seconds"] if a["seconds"] > 0 else None
@@ -386,6 +399,7 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
     prompts: list[Prompt] = load_prompts(opts.dataset, opts.limit, opts.stride)
     bench = Bench(folder, opts, strategy_options=strategy_options, backend=backend, threads=threads, config=config)
     tok = bench.gen.tokenizer
+    prompts = with_first_answers(bench.gen, prompts, opts.max_new_tokens, set(bench.stop_ids), progress)
     encoded, skipped = [], []
     for p in prompts:
         ids = encode(p, tok, chat=opts.chat)
@@ -404,6 +418,19 @@ def run_bench(folder: str | Path, opts: BenchOptions, output: str | Path, *, str
         return _run_loaded(bench, encoded, skipped, opts, folder, output, command, settings, progress)
     finally:
         bench.close()
+
+
+def with_first_answers(gen, prompts: list[Prompt], max_new: int, stop_ids: set[int], progress: bool = True):
+    """mtbench-turn2: each conversation gets the target's own answer to its first turn (greedy, by the
+    config's strategy: lossless, so the answer is the target's; up to `max_new` tokens, cut at a stop
+    token), not timed. Other datasets pass through."""
+    strategy = getattr(gen.config, "strategy", None) or "ar"
+
+    def answer(p: Prompt) -> str:
+        ids = gen.generate(encode(p, gen.tokenizer), strategy=strategy, max_new_tokens=max_new).token_ids
+        cut = next((i for i, t in enumerate(ids) if t in stop_ids), len(ids))
+        return gen.tokenizer.decode(ids[:cut], skip_special_tokens=True)
+    return second_turns(prompts, answer, progress)
 
 
 def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path, output: Path, command, settings,
@@ -542,7 +569,9 @@ def _concurrency_loaded(gen, folder: Path, opts: BenchOptions, out: Path, levels
     strategies = list(dict.fromkeys(["ar"] + opts.strategies))
     for s in strategies:
         gen.strategy(s)                  # validates early
-    prompts = [encode(p, gen.tokenizer, chat=opts.chat) for p in load_prompts(opts.dataset, opts.limit, opts.stride)]
+    prompts = with_first_answers(gen, load_prompts(opts.dataset, opts.limit, opts.stride), opts.max_new_tokens,
+                                 set(gen.stop_ids))
+    prompts = [encode(p, gen.tokenizer, chat=opts.chat) for p in prompts]
     room = max(gen.strategy(s).max_rows() for s in strategies)
     prompts = [ids for ids in prompts if len(ids) + opts.max_new_tokens + room <= gen.capacity]
     if not prompts:

@@ -155,6 +155,9 @@ def markdown(results: dict) -> str:
     stop_split = stop_split_table(results)
     if stop_split:
         lines += ["## Text past a stop token: × ar (τ) by whether ar's output reached one", "", stop_split, ""]
+    mix = sources_table(results)
+    if mix:
+        lines += ["## Who drafted: nodes proposed and accepted per drafter", "", mix, ""]
     policy = policy_table(results)
     if policy:
         lines += ["## budget: auto, what the policy chose", "", policy, ""]
@@ -165,6 +168,22 @@ def markdown(results: dict) -> str:
               "![tokens per target step](accepted_hist.png)", "", "![time split](time_split.png)", ""]
     if policy:
         lines += ["![budget: auto, chosen budget vs acceptance](policy.png)", ""]
+    return "\n".join(lines)
+
+
+def sources_table(results: dict) -> str | None:
+    """Per runner that drafted: each drafter's nodes proposed / accepted, and its share of the accepted
+    drafts (draft: the draft model; suffix: suffix tries; review: a cheap chain the draft reviewed)."""
+    rows = {n: a["sources"] for n, a in results["aggregate"].items() if a.get("sources")}
+    if not rows:
+        return None
+    names = sorted({src for mix in rows.values() for src in mix})
+    lines = ["| runner | " + " | ".join(f"{n}: proposed / accepted (share)" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    for runner, mix in rows.items():
+        total = sum(acc for _, acc in mix.values())
+        cells = [f"{mix[n][0]} / {mix[n][1]} ({_pct(mix[n][1], total)})" if n in mix else "–" for n in names]
+        lines.append(f"| {runner} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

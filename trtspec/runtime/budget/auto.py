@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..costs import CostModel
+from ..proposal import SUFFIX
 from .acceptance import Acceptance
 from .batch_costs import BatchCosts, BatchView
 from .gate import EMA, ArGate
@@ -49,7 +50,8 @@ class AutoBudget:
         self.max_nodes = max_nodes
         self.costs = BatchCosts(costs, batch or BatchView(), request)
         self.gate = ArGate()
-        self.f = Acceptance()
+        self.f = Acceptance()               # the draft model's probabilities (and reviewed chains')
+        self.f_suffix = Acceptance()        # a suffix trie's empirical probabilities: calibrated apart
         self.top1 = 0.5                     # running f(top-1 probability) at fed nodes
         self.last_expected = 1.0            # expected emitted tokens of this request's last step
         self.rounds: list[int] = []         # this step's draft forwards so far (tokens each)
@@ -89,8 +91,10 @@ class AutoBudget:
         self.draft_s += self.costs.draft_marginal(tokens, len(self.rounds))
         self.rounds.append(tokens)
 
-    def value(self, parent_value: float, q: float) -> float:
-        return parent_value * self.f(q)
+    def value(self, parent_value: float, q: float, suffix: bool = False) -> float:
+        """A child's value: its parent's times the calibrated acceptance of its score `q` (the draft's
+        probability, or with `suffix` a suffix trie's empirical one)."""
+        return parent_value * (self.f_suffix if suffix else self.f)(q)
 
     def draw_value(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
         """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
@@ -171,16 +175,19 @@ class AutoBudget:
 
     # -- after verification -----------------------------------------------------------------------
     def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray, node_q: Callable[[], np.ndarray] | None,
-                emitted: int, seconds: float) -> dict:
-        """Calibrate f on the children of accepted nodes (`node_q()`: each node's draft probability
-        given its parent, NaN where none), update the gate; returns the step's record."""
+                emitted: int, seconds: float, source: np.ndarray | None = None) -> dict:
+        """Calibrate f on the children of accepted nodes (`node_q()`: each node's score given its
+        parent, NaN where none; `source`: who proposed it, so suffix scores calibrate f_suffix), update
+        the gate; returns the step's record."""
         on_path = np.zeros(tree_size, dtype=bool)
         on_path[path] = True
         q = node_q() if node_q is not None and tree_size > 1 else None
         if q is not None:
-            tested = np.flatnonzero((parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q))
-            if len(tested):
-                self.f.update(q[tested], on_path[tested])
+            tested = (parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q)
+            sfx = np.zeros(tree_size, dtype=bool) if source is None else np.asarray(source) == SUFFIX
+            for f, mine in ((self.f, tested & ~sfx), (self.f_suffix, tested & sfx)):
+                if mine.any():
+                    f.update(q[mine], on_path[mine])
         ar = self.costs.all_ar_rate()
         realized = self.costs.rate(emitted - 1, tree_size - 1, self.draft_s) / ar
         self.gate.observe(realized, self.nodes)

@@ -43,6 +43,12 @@ class Strategy:
         """The tree this step verifies (a coroutine of draft calls); returns a Proposal."""
         raise NotImplementedError
 
+    def free(self, st: DecodeState) -> Proposal:
+        """The tree of a step the budget's ar gate keeps from drafting (no draft forward pays in this
+        batch): what costs no model call. The root alone, a plain ar step, unless the strategy has a
+        free drafter (suffix tries)."""
+        return Proposal.root(st.root)
+
     @staticmethod
     def root_only(st: DecodeState) -> Calls:
         """The root alone (a coroutine that makes no model call)."""

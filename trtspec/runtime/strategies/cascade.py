@@ -11,6 +11,9 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
 - Lenience applies below the top only; every level below the target is deterministic, so the
   target verifies with q = one-hot: greedy output is the target's greedy output and sampling is exact.
 
+With `suffix: true` the request's suffix tries (suffix_drafter.py: its own tokens and its scope's
+finished requests) take MaG's place in both tiers, and finished requests feed the scope's trie.
+
 With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) vets every token of the
 reviewed tier (its calibrated acceptance must pay for its verify cost) and every review forward; the
 raw MaG tier (no draft probabilities to value it by) stays `k_mag` tokens after a non-empty chain; a
@@ -29,7 +32,9 @@ from ...options import auto_or
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
+from ..proposal import NGRAM, SUFFIX
 from ..runner import Calls
+from ..suffix_drafter import SuffixDrafter
 from .base import Strategy
 
 Count = Annotated[int, Field(ge=0, le=64)]
@@ -41,7 +46,8 @@ class Cascade(Strategy):
 
     def __init__(self, k_draft: auto_or(64) = "auto",
                  max_k_draft: Annotated[int, Field(ge=1, le=64)] = 8, k_mag: Count = 4, mag_len: Count = 6,
-                 lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None):
+                 lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None,
+                 suffix: bool = False, scope: Annotated[str, Field(max_length=128)] = "default"):
         self.k_draft, self.max_k_draft, self.k_mag = k_draft, max_k_draft, k_mag
         self.mag_len, self.lenience = mag_len, lenience
         self.sized(k_draft, max_k_draft)
@@ -49,6 +55,18 @@ class Cascade(Strategy):
         self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
         table = _bigram(bigram) if bigram else None
         self.mag = NGramDrafter(bigram=table)
+        self.scope = scope if suffix else ""
+        self.suffix = SuffixDrafter(scope=scope) if suffix else None
+
+    def _cheap(self, st: DecodeState, context, n: int) -> list[int]:
+        """The cheapest drafter's chain after `context`: the suffix tries', or MaG's."""
+        if self.suffix is not None:
+            return self.suffix.chain(st, context, n)
+        return self.mag.propose(context, n)
+
+    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
+        if self.suffix is not None:
+            self.suffix.finished(st, prompt, output)
 
     def max_draft_rows(self) -> int:
         return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens
@@ -71,7 +89,7 @@ class Cascade(Strategy):
             chain.append(node)
             if len(chain) >= self.kd:
                 break                                # a leaf: no need to feed it
-            proposal = self.mag.propose(tree.context(node), self.mag_len)
+            proposal = self._cheap(st, tree.context(node), self.mag_len)
             if not budget.worth_feeding([], [value[node]], 1 + len(proposal), ahead=self.kd - len(chain)):
                 break
             budget.draft_forward(1 + len(proposal))
@@ -87,8 +105,8 @@ class Cascade(Strategy):
                 chain.append(kept)
             last = chain[-1]
         if chain:
-            for tok in self.mag.propose(tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
-                chain.append(tree.add(chain[-1], int(tok)))
+            for tok in self._cheap(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
+                chain.append(tree.add(chain[-1], int(tok), source=SUFFIX if self.suffix else NGRAM))
                 budget.add(0.0)                      # verified, so counted; no probability to value it by
         return tree.proposal([0] + chain, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)
 

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field
 
 from ...options import TreeSize
 from ..decode import DecodeState
 from ..ngram import NGramDrafter
-from ..proposal import Proposal
+from ..proposal import NGRAM, Proposal
 from ..runner import Calls
 from ..tree import TokenTree
 from .base import Strategy
@@ -26,5 +27,6 @@ class NGramSpeculative(Strategy):
         self.drafter = drafter or NGramDrafter(min_ngram=min_ngram)
 
     def propose(self, st: DecodeState) -> Calls:
-        return Proposal(TokenTree.chain(st.root, self.drafter.propose(st.tokens(), self.k)))
+        tree = TokenTree.chain(st.root, self.drafter.propose(st.tokens(), self.k))
+        return Proposal(tree, source=np.full(len(tree), NGRAM, dtype=np.int64))
         yield                                       # noqa: unreachable: a coroutine with no model call

@@ -1,20 +1,30 @@
-"""staged: Spector & Ré's staged speculative decoding.
+"""staged: Spector & Ré's staged speculative decoding, mixed with suffix drafts.
 
 Stage 1, the tree the target verifies: best-first by cumulative draft probability (the product of
 draft probabilities along the path), so width lands near the root where it buys the most, under a
 node budget. Each round adds the `width` best candidates and feeds them to the draft in ONE batched
 forward (the draft runs only on internal nodes: the last round's leaves are never fed).
-Stage 2, speeding up the draft itself: in the same forward, the n-gram drafter proposes a chain after
+Stage 2, speeding up the draft itself: in the same forward, a cheap drafter proposes a chain after
 the round's best node and the draft reviews it (kept while it equals the draft's argmax), so one
-draft forward can advance several levels. Children are deterministic (top tokens, n-gram copies),
-so sampling verification uses the exact q = one-hot rule.
-With `budget: auto` (the default) the budget (budget/auto.py) decides each round how many of the best
-candidates pay for their verify cost and whether another draft forward pays, up to `max_budget`
-nodes; a step where no tree pays is a plain ar step.
+draft forward can advance several levels. The cheap drafter is the request's suffix tries with
+`suffix: true` (the default), else the n-gram drafter (CS Drafting's MaG).
+Suffix drafts (`suffix: true`, suffix_drafter.py): the candidates the suffix tries propose from the
+root compete in the same best-first heap as the draft's, each valued by its own calibrated score;
+they cost no forward to find, so a round may take a whole suffix chain (only the draft's candidates
+are limited to `width`), and a picked suffix node is fed like any other, so the draft extends the
+tree where the suffix match runs out. Before any draft forward the budget decides whether one pays at all: where the
+suffix candidates alone make the better step (a repetitive stretch), the step is a suffix-only tree
+and the draft catches up later; where the gate finds no draft forward worth it (a crowded batch),
+the suffix tree is still proposed (`free`).
+Children are deterministic (top tokens, copies), so sampling verification uses the exact q = one-hot
+rule. With `budget: auto` (the default) the budget (budget/auto.py) decides each round how many of
+the best candidates pay for their verify cost and whether another draft forward pays, up to
+`max_budget` nodes; a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Annotated
 
 from pydantic import Field
@@ -23,7 +33,9 @@ from ...options import Budget, Fraction, TreeSize
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
+from ..proposal import Proposal
 from ..runner import Calls
+from ..suffix_drafter import SuffixDrafter
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
@@ -35,12 +47,24 @@ class Staged(Strategy):
 
     def __init__(self, budget: Budget = "auto", max_budget: TreeSize = 32, width: Small = 6, top_k: Small = 4,
                  max_rounds: Small = 8, stage2: bool = True, stage2_len: Annotated[int, Field(ge=0, le=64)] = 6,
-                 min_prob: Fraction = 0.01):
+                 min_prob: Fraction = 0.01, suffix: bool = True,
+                 scope: Annotated[str, Field(max_length=128)] = "default"):
         self.budget, self.max_budget, self.width, self.top_k = budget, max_budget, width, top_k
         self.max_rounds = max_rounds
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
         self.sized(budget, max_budget)
         self.ngram = NGramDrafter()
+        self.scope = scope if suffix else ""
+        self.suffix = SuffixDrafter(scope=scope) if suffix else None
+
+    def free(self, st: DecodeState) -> Proposal:
+        if self.suffix is None:
+            return Proposal.root(st.root)
+        return self.suffix.tree(st, *self.suffix.candidates(st, self.nodes))
+
+    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
+        if self.suffix is not None:
+            self.suffix.finished(st, prompt, output)
 
     def max_tree_size(self) -> int:
         return self.nodes + (self.max_rounds * self.stage2_len if self.stage2 else 0) + 1
@@ -48,7 +72,7 @@ class Staged(Strategy):
     def max_draft_rows(self) -> int:
         return self.max_tree_size() - 1        # fed nodes + reviewed stage-2 tokens
 
-    def _push(self, heap: list, tree: DraftTree, node: int, value: float, budget) -> None:
+    def _push(self, heap: list, order, tree: DraftTree, node: int, value: float, budget) -> None:
         """Candidate children of a fed node, keyed by value (max-heap via -value): the cumulative
         draft probability, or with budget auto the calibrated probability of acceptance."""
         probs, toks = tree.top[node]               # read with the forward that fed it
@@ -57,27 +81,32 @@ class Staged(Strategy):
         for prob, tok in zip(probs, toks):
             v = budget.value(value, prob)
             if tok not in have and v >= self.min_prob:
-                heapq.heappush(heap, (-v, node, tok))
+                heapq.heappush(heap, (-v, next(order), node, tok, None))
 
     def propose(self, st: DecodeState) -> Calls:
         budget = st.budget
+        matched, sfx = self.suffix.candidates(st, self.nodes) if self.suffix else (0, [])
+        if sfx and not budget.worth_feeding([c.value for c in sfx], _draft_frontier(sfx), 2, self.max_rounds):
+            return self.suffix.tree(st, matched, sfx)        # no draft forward pays: suffix drafts alone
         tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
+        order = itertools.count()                  # heap ties: the earlier candidate first
         value = {0: 1.0}
         heap: list = []
-        self._push(heap, tree, 0, 1.0, budget)
+        self._push(heap, order, tree, 0, 1.0, budget)
+        for i, c in enumerate(sfx):                # parents first, never valued above them: popped first
+            heapq.heappush(heap, (-c.value, next(order), None, c.token, i))
+        at = [0] * len(sfx)                        # the tree node each popped suffix candidate became
         added = 0
         for rnd in range(self.max_rounds):
             ahead = self.max_rounds - rnd - 1
-            room = min(self.width, budget.take(sorted(-c[0] for c in heap)[::-1], self.width, ahead))
-            picks = self._pick(heap, tree, min(room, self.nodes - added), budget)
-            if not picks:
+            take = budget.take(sorted(-c[0] for c in heap)[::-1], self.width, ahead)
+            new = self._pick(heap, tree, min(take, self.nodes - added), budget, value, sfx, at)
+            if not new:
                 break
-            new = [tree.add(parent, tok) for parent, tok, _ in picks]
-            value.update(zip(new, (v for _, _, v in picks)))
             added += len(new)
             if added >= self.nodes or rnd == self.max_rounds - 1:
                 break                                   # leaves: never fed
-            chains = self._stage2(tree, new[0])
+            chains = self._stage2(st, tree, new[0])
             fed_rows = len(new) + sum(len(c) for c in chains.values())
             if not budget.worth_feeding([-c[0] for c in heapq.nsmallest(self.width, heap)],
                                         [value[n] for n in new], fed_rows, ahead):
@@ -85,26 +114,54 @@ class Staged(Strategy):
             budget.draft_forward(fed_rows)
             for node in (yield from tree.feed(new, chains)):
                 if node in value or self._keep_reviewed(tree, node, value, budget):
-                    self._push(heap, tree, node, value[node], budget)
-        return tree.proposal(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)
+                    self._push(heap, order, tree, node, value[node], budget)
+        return tree.proposal(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
+                             suffix_match=matched)
 
-    @staticmethod
-    def _pick(heap: list, tree: DraftTree, room: int, budget) -> list[tuple[int, int, float]]:
-        """The `room` best candidates (parent, token, value) off the heap, skipping tokens a stage-2
-        chain already put under their parent."""
-        picks: list[tuple[int, int, float]] = []
-        while heap and len(picks) < room:
-            neg, parent, tok = heapq.heappop(heap)
-            if tok in tree.tokens[tree.children(parent)] or any(p == parent and t == tok for p, t, _ in picks):
+    def _pick(self, heap: list, tree: DraftTree, room: int, budget, value: dict, sfx: list, at: list) -> list[int]:
+        """The best candidates off the heap, added to the tree (new node ids): up to `room` of them,
+        at most `width` drafted by the model (suffix candidates cost no forward to find, so a suffix
+        chain can join in one round and be fed at once). A draft candidate whose token is already
+        under its parent is skipped; a suffix one then stands for that node."""
+        new: list[int] = []
+        held: list = []                            # draft candidates past `width` this round
+        drafted = 0
+        while heap and len(new) < room:
+            item = heapq.heappop(heap)
+            neg, _, parent, tok, cand = item
+            if cand is None and drafted >= self.width:
+                held.append(item)
                 continue
+            if cand is not None:
+                parent = 0 if sfx[cand].parent < 0 else at[sfx[cand].parent]
+            have = tree.children(parent)
+            same = have[tree.tokens[have] == tok]
+            if len(same):
+                if cand is not None:
+                    at[cand] = int(same[0])
+                continue
+            node = tree.add(parent, tok, suffix_p=sfx[cand].prob if cand is not None else float("nan"))
+            if cand is not None:
+                at[cand] = node
+            else:
+                drafted += 1
             budget.add(-neg)
-            picks.append((parent, tok, -neg))
-        return picks
+            value[node] = -neg
+            new.append(node)
+        for item in held:
+            heapq.heappush(heap, item)
+        return new
 
-    def _stage2(self, tree: DraftTree, best: int) -> dict[int, list[int]]:
-        """Stage 2: the n-gram drafter's chain after the round's most likely new node, for the draft
-        to review in the same forward."""
-        proposal = self.ngram.propose(tree.context(best), self.stage2_len) if self.stage2 else []
+    def _stage2(self, st: DecodeState, tree: DraftTree, best: int) -> dict[int, list[int]]:
+        """Stage 2: the cheap drafter's chain after the round's most likely new node (the suffix tries',
+        else the n-gram drafter's), for the draft to review in the same forward."""
+        if not self.stage2:
+            return {}
+        context = tree.context(best)
+        if self.suffix is not None:
+            proposal = self.suffix.chain(st, context, self.stage2_len)
+        else:
+            proposal = self.ngram.propose(context, self.stage2_len)
         return {best: proposal} if proposal else {}
 
     @staticmethod
@@ -121,3 +178,15 @@ class Staged(Strategy):
         budget.add(v)
         value[node] = v
         return True
+
+
+def _draft_frontier(sfx: list) -> list[float]:
+    """Where a draft model would add to the suffix candidates `sfx` (best first): past the end of their
+    best chain (the suffix match runs out), and at the root where that chain is wrong. The values the
+    budget's look-ahead grows guessed draft children from."""
+    end, node = 1.0, -1
+    for i, c in enumerate(sfx):                   # the best chain: each node's first (best) child
+        if c.parent == node:
+            end, node = c.value, i
+    top = next((c.value for c in sfx if c.parent < 0), 0.0)
+    return [end, 1.0 - top]
