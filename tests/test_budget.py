@@ -344,9 +344,9 @@ def test_requests_admitted_together_plan_their_first_step_as_a_batch(small_pair)
     results = [h.result() for h in handles]
     assert [r.token_ids for r in results] == refs and gen.batchers["draft"].forwards == 0
     assert all(s.tree_size == 1 and not s.extra["drafted"] for r in results for s in r.steps)
-    # With suffix drafts (the default) the same crowded first step still speculates, for free.
+    # With suffix drafts (suffix: true) the same crowded first step still speculates, for free.
     with gen.scheduler._cv:
-        handles = [gen.submit(p, strategy="staged", max_new_tokens=12) for p in prompts]
+        handles = [gen.submit(p, strategy="staged:suffix=true", max_new_tokens=12) for p in prompts]
     results = [h.result() for h in handles]
     assert [r.token_ids for r in results] == refs
     first = [r.steps[0] for r in results]

@@ -42,7 +42,7 @@ N = 800
 def make(name: str, bigram: str | None = None):
     return {
         "staged": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2=True, stage2_len=3),
-        "staged-ngram": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2_len=3, suffix=False),
+        "staged-mixed": lambda: Staged(budget=6, width=3, top_k=3, max_rounds=3, stage2_len=3, suffix=True, scope=""),
         "dyspec-heap": lambda: DySpec("heap", budget=6, batch=3, max_depth=3),
         "dyspec-threshold": lambda: DySpec("threshold", budget=6, threshold=0.1, max_depth=3),
         "gsd": lambda: GSD(top_k=3, sibling_ratio=0.05, confidence=0.05, repeat=0, budget=8, max_depth=3,
@@ -66,7 +66,7 @@ def make(name: str, bigram: str | None = None):
         "suffix-global-auto": lambda: SuffixSpeculative(max_budget=6, width=3, min_prob=0.01, scope="chi-square"),
         # mixed trees: suffix and draft candidates in one tree, or a suffix-only step, by the budget
         "staged-mixed-auto": lambda: Staged(max_budget=6, width=3, top_k=3, max_rounds=3, stage2_len=3,
-                                            scope="chi-square-staged"),
+                                            suffix=True, scope="chi-square-staged"),
         "cascade-suffix": lambda: Cascade(k_draft=2, k_mag=2, mag_len=3, suffix=True, scope="chi-square-cascade"),
     }[name]()
 
@@ -129,7 +129,7 @@ CASES = [("staged", T1, PROMPT), ("dyspec-heap", T1, PROMPT), ("dyspec-threshold
          ("dyspec-heap", TKP, SHORT), ("gsd", TKP, SHORT),
          ("staged-auto", T1, PROMPT), ("dyspec-heap-auto", T1, PROMPT), ("gsd-auto", T1, PROMPT),
          ("cascade-auto", T1, PROMPT), ("chain-auto-cpu", T1, PROMPT), ("dyspec-heap-auto-cpu", T1, PROMPT),
-         ("suffix", T1, PROMPT), ("suffix-global-auto", TKP, PROMPT), ("staged-ngram", T1, PROMPT),
+         ("suffix", T1, PROMPT), ("suffix-global-auto", TKP, PROMPT), ("staged-mixed", T1, PROMPT),
          ("staged-mixed-auto", TKP, PROMPT), ("cascade-suffix", T1, PROMPT)]
 
 

@@ -232,7 +232,7 @@ def test_gsd_merges_happen_and_merged_paths_are_accepted(gens, ar_ref):
     GSD(repeat=0), GSD(repeat=1), GSD(repeat=2, top_k=5, sibling_ratio=0.0, confidence=0.0),
     Cascade(k_draft=3, k_mag=4, mag_len=6), Cascade(k_draft=3, k_mag=2, mag_len=6, lenience=3.0),
     Cascade(k_draft=8, k_mag=4, mag_len=0), Cascade(k_draft=5, k_mag=3, mag_len=1, lenience=3.0),
-    Cascade(), Cascade(lenience=3.0), Cascade(suffix=True), Staged(scope=""),
+    Cascade(), Cascade(lenience=3.0), Cascade(suffix=True), Staged(suffix=True, scope=""),
 ], ids=lambda s: f"{s.name}-" + "-".join(f"{k}={v}" for k, v in vars(s).items()
                                             if isinstance(v, (int, float, str)) and k != "merges"))
 def test_fixed_strategies_equal_ar(gens, ar_ref, strat):
@@ -263,7 +263,7 @@ def test_speculation_is_not_vacuous(gens):
     defaults): on these tiny pairs a draft forward costs what a target forward does, so budget auto
     rightly drafts little (test_budget.py covers it)."""
     stats = {}
-    for strat in (Staged(budget=24, suffix=False), Staged(budget=24, scope=""), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
+    for strat in (Staged(budget=24), Staged(budget=24, suffix=True, scope=""), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
                   GSD(repeat=1, budget=32),
                   Cascade(k_draft=3, k_mag=2, mag_len=6)):
         acc = rej = kept = 0
@@ -287,7 +287,7 @@ def test_step_records_say_who_drafted(gens):
     it, and the accepted ones; a recorded tree carries each node's source."""
     cases = ((NGramSpeculative(), {"ngram"}), (SuffixSpeculative(scope=""), {"suffix"}),
              (Staged(budget=12, suffix=False), {"draft", "review"}),
-             (Staged(budget=12, scope=""), {"draft", "review", "suffix"}),
+             (Staged(budget=12, suffix=True, scope=""), {"draft", "review", "suffix"}),
              (Cascade(k_draft=3, k_mag=2, mag_len=4), {"draft", "review", "ngram"}),
              (Cascade(k_draft=3, k_mag=2, mag_len=4, suffix=True, scope=""), {"draft", "review", "suffix"}))
     for strat, allowed in cases:

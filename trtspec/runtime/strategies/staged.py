@@ -7,7 +7,7 @@ forward (the draft runs only on internal nodes: the last round's leaves are neve
 Stage 2, speeding up the draft itself: in the same forward, a cheap drafter proposes a chain after
 the round's best node and the draft reviews it (kept while it equals the draft's argmax), so one
 draft forward can advance several levels. The cheap drafter is the request's suffix tries with
-`suffix: true` (the default), else the n-gram drafter (CS Drafting's MaG).
+`suffix: true`, else (the default) the n-gram drafter (CS Drafting's MaG).
 Suffix drafts (`suffix: true`, suffix_drafter.py): the candidates the suffix tries propose from the
 root compete in the same best-first heap as the draft's, each valued by its own calibrated score;
 they cost no forward to find, so a round may take a whole suffix chain (only the draft's candidates
@@ -47,7 +47,7 @@ class Staged(Strategy):
 
     def __init__(self, budget: Budget = "auto", max_budget: TreeSize = 32, width: Small = 6, top_k: Small = 4,
                  max_rounds: Small = 8, stage2: bool = True, stage2_len: Annotated[int, Field(ge=0, le=64)] = 6,
-                 min_prob: Fraction = 0.01, suffix: bool = True,
+                 min_prob: Fraction = 0.01, suffix: bool = False,
                  scope: Annotated[str, Field(max_length=128)] = "default"):
         self.budget, self.max_budget, self.width, self.top_k = budget, max_budget, width, top_k
         self.max_rounds = max_rounds
