@@ -25,7 +25,7 @@ from trtspec.runtime.batch import Batcher, Call
 from trtspec.runtime.generator import Generator
 from trtspec.runtime.strategies import STRATEGIES, ChainSpeculative, DySpec
 
-NAMES = list(STRATEGIES)
+NAMES = list(STRATEGIES) + ["staged:suffix=true", "cascade:suffix=true"]   # mixed suffix + model trees too
 
 
 @pytest.fixture(scope="module")

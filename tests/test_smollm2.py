@@ -60,7 +60,7 @@ def test_greedy_strategies_equal_ar(engines, references, backend):
         ids = gen.tokenizer(prompt)["input_ids"]
         if backend == "onnxruntime":
             assert gen.generate(ids, strategy="ar", max_new_tokens=32).token_ids == ref
-        for strategy in ("chain", "ngram", "staged", "dyspec", "gsd", "cascade"):
+        for strategy in ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix", "staged:suffix=true"):
             result = gen.generate(ids, strategy=strategy, max_new_tokens=32)
             assert result.token_ids == ref, (backend, strategy, prompt)
             assert result.stats["target_steps"] <= len(ref)

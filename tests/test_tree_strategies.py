@@ -127,7 +127,7 @@ def run_and_compare(gens, ar_ref, arch, idx, strat, max_new):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_staged_equals_ar(gens, ar_ref, arch, idx, max_new, budget, width, top_k, max_rounds, stage2,
                           stage2_len, min_prob, suffix, scope):
-    """Mixed trees (suffix: true, with or without a global trie) and the former n-gram staged."""
+    """The n-gram staged (the default) and mixed trees (suffix: true, with or without a global trie)."""
     strat = Staged(budget=budget, width=width, top_k=top_k, max_rounds=max_rounds, stage2=stage2,
                    stage2_len=stage2_len, min_prob=min_prob, suffix=suffix, scope=scope)
     run_and_compare(gens, ar_ref, arch, idx, strat, max_new)
@@ -263,7 +263,8 @@ def test_speculation_is_not_vacuous(gens):
     defaults): on these tiny pairs a draft forward costs what a target forward does, so budget auto
     rightly drafts little (test_budget.py covers it)."""
     stats = {}
-    for strat in (Staged(budget=24), Staged(budget=24, suffix=True, scope=""), DySpec("heap", budget=24), DySpec("threshold", threshold=0.3, budget=24),
+    for strat in (Staged(budget=24), Staged(budget=24, suffix=True, scope=""), DySpec("heap", budget=24),
+                  DySpec("threshold", threshold=0.3, budget=24),
                   GSD(repeat=1, budget=32),
                   Cascade(k_draft=3, k_mag=2, mag_len=6)):
         acc = rej = kept = 0

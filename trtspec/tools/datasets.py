@@ -25,8 +25,8 @@ import gzip
 import importlib.util
 import json
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from ..runtime.prompts import Prompt, PromptError
 
