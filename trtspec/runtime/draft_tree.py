@@ -49,7 +49,6 @@ class DraftTree:
         self.row = np.full(n, -1, dtype=np.int64)                 # draft scratch row of a fed node
         self.alive = np.ones(n, dtype=bool)                       # False: rejected in a review
         self.borrowed = np.zeros(n, dtype=bool)                   # reached through a merged edge
-        self.from_review = np.zeros(n, dtype=bool)                # proposed by a cheaper drafter
         self.suffix_p = np.full(n, np.nan)                        # a suffix trie's candidate: its score
         self.source = np.full(n, DRAFT, dtype=np.int64)           # who proposed the node (proposal.SOURCES)
         self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
@@ -100,6 +99,11 @@ class DraftTree:
         self.borrowed[n] = borrowed or self.borrowed[parent]
         return n
 
+    @property
+    def from_review(self) -> np.ndarray:
+        """Per node: proposed by a cheaper drafter and reviewed by the draft."""
+        return self.source == REVIEW
+
     def cut(self, node: int) -> None:
         """Drop `node` and its subtree from the tree the target will see."""
         self.alive[node:self.size] &= ~self.anc[node:self.size, node]
@@ -141,7 +145,6 @@ class DraftTree:
             prev, added = node, []
             for tok in chain:
                 prev = self.add(prev, int(tok), source=REVIEW)
-                self.from_review[prev] = True
                 added.append(prev)
             chain_of[node] = added
             batch += added

@@ -81,6 +81,10 @@ class SuffixDrafter:
         with shared.lock:
             return _follow([own, shared.tree], context, self.max_match, n)
 
+    def alone(self, st: DecodeState, cap: int) -> Proposal:
+        """A step's tree of suffix drafts alone (up to `cap` nodes; see `tree`)."""
+        return self.tree(st, *self.candidates(st, cap))
+
     @staticmethod
     def tree(st: DecodeState, matched: int, cands: list[Candidate]) -> Proposal:
         """The candidates alone as the step's tree: the prefix of them (best first) that maximises the

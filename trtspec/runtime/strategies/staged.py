@@ -60,7 +60,7 @@ class Staged(Strategy):
     def free(self, st: DecodeState) -> Proposal:
         if self.suffix is None:
             return Proposal.root(st.root)
-        return self.suffix.tree(st, *self.suffix.candidates(st, self.nodes))
+        return self.suffix.alone(st, self.nodes)
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
         if self.suffix is not None:

@@ -42,7 +42,7 @@ class SuffixSpeculative(Strategy):
 
     def free(self, st: DecodeState) -> Proposal:
         """Every step, drafting or not by the ar gate: the tree costs no model call."""
-        return self.drafter.tree(st, *self.drafter.candidates(st, self.nodes))
+        return self.drafter.alone(st, self.nodes)
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
         self.drafter.finished(st, prompt, output)
