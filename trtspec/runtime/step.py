@@ -23,7 +23,8 @@ from .verify import verify_greedy, verify_sampling
 def step(st: DecodeState, strategy) -> Calls:
     """One step of one request; returns the emitted tokens."""
     t0 = time.perf_counter()
-    if st.budget.begin(st.target.cache.length):
+    behind = st.n_tokens - st.draft.cache.length if st.draft is not None else 0     # the draft catches up
+    if st.budget.begin(st.target.cache.length, behind):
         proposal = yield from strategy.propose(st)
     else:
         proposal = strategy.free(st)

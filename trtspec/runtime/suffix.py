@@ -12,12 +12,16 @@ request's own and a global one over finished requests) are read together by pool
 
 `SuffixStore` is the global trie of a scope (a server may keep one per user): finished
 sequences go in, and the oldest are removed once it holds more than `max_nodes` nodes, so its memory
-is bounded. It is locked: requests of any Generator may read and add concurrently.
+is bounded. It also keeps the scope's calibration of suffix scores (how often a score was accepted),
+so a new request starts from what earlier ones measured, not from the prior f(q) = q. It is locked:
+requests of any Generator may read and add concurrently.
 """
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
+
+from .budget.acceptance import Acceptance
 
 
 class _Node:
@@ -126,6 +130,7 @@ class SuffixStore:
         self.tree = SuffixTree(depth)
         self.max_nodes = max_nodes
         self.held: deque[list[int]] = deque()
+        self.calibration = Acceptance()       # the scope's f_suffix, from finished requests' steps
         self.lock = threading.Lock()
 
     def add(self, tokens) -> None:

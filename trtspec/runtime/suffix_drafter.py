@@ -34,6 +34,11 @@ NAME = "suffix"          # the request's own trie, in its strategy_state
 # after 4 or more), so the score the budget calibrates starts near what it will learn (0.4, 0.64,
 # 0.78, 0.87, ... for m = 1, 2, 3, 4). A node d levels below the match has matched m + d - 1 tokens.
 MATCH_DOUBT = 0.6
+# A request's suffix calibration starts from its scope's (earlier requests' accepted and rejected
+# suffix nodes), believed as at most CARRY observations per bin so the request still learns its own;
+# the scope keeps at most KEEP per bin, so it follows the traffic.
+CARRY, KEEP = 32.0, 2000.0
+SEED = "suffix_seed"     # the calibration a request started from, in its strategy_state
 
 
 @dataclass(frozen=True)
@@ -59,10 +64,18 @@ class SuffixDrafter:
         return store(self.scope, self.depth, st.target.engine.spec.vocab_size, self.global_nodes)
 
     def _tries(self, st: DecodeState):
-        """The request's own trie (synced to its sequence) and the scope's store (None: off)."""
-        own = st.strategy_state.setdefault(NAME, Suffixes(self.depth))
+        """The request's own trie (synced to its sequence) and the scope's store (None: off). On the
+        request's first call its suffix calibration starts from the scope's."""
+        own, shared = st.strategy_state.get(NAME), self._store(st)
+        if own is None:
+            own = st.strategy_state[NAME] = Suffixes(self.depth)
+            f = getattr(st.budget, "f_suffix", None)          # budget auto (a fixed budget has none)
+            if shared is not None and f is not None:
+                with shared.lock:
+                    f.carry(shared.calibration, CARRY)
+                st.strategy_state[SEED] = f.copy()
         own.sync(st.tokens())
-        return own.tree, self._store(st)
+        return own.tree, shared
 
     def candidates(self, st: DecodeState, cap: int) -> tuple[int, list[Candidate]]:
         """(the matched suffix length, up to `cap` candidates best first)."""
@@ -88,9 +101,10 @@ class SuffixDrafter:
     @staticmethod
     def tree(st: DecodeState, matched: int, cands: list[Candidate]) -> Proposal:
         """The candidates alone as the step's tree: the prefix of them (best first) that maximises the
-        step's expected rate by the budget (all of them with a fixed budget)."""
+        step's expected rate by the budget, if that beats the batch all at ar (all of them with a
+        fixed budget)."""
         budget = st.budget
-        cands = cands[: budget.take([c.value for c in cands])]
+        cands = cands[: budget.take_free([c.value for c in cands])]
         for c in cands:
             budget.add(c.value)
         tree = TokenTree([st.root] + [c.token for c in cands], [-1] + [c.parent + 1 for c in cands])
@@ -124,10 +138,17 @@ class SuffixDrafter:
         return matched, out
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        """A request ended normally: its output (and prompt, with `prompts`) joins the scope's trie."""
+        """A request ended normally: its output (and prompt, with `prompts`) joins the scope's trie, and
+        what its steps measured of suffix scores joins the scope's calibration."""
         shared = self._store(st)
-        if shared is not None and output:
+        if shared is None:
+            return
+        if output:
             shared.add((prompt if self.prompts else []) + output)
+        seed = st.strategy_state.get(SEED)
+        if seed is not None:
+            with shared.lock:
+                shared.calibration.absorb(st.budget.f_suffix, seed, KEEP)
 
 
 def _follow(trees, context, max_match: int, n: int) -> list[int]:

@@ -27,7 +27,7 @@ class Budget(Protocol):
     adaptive: bool           # True: sized from costs (its draft is prefilled lazily, at the first drafted step)
     top1: float              # the draft's recent calibrated top-1 acceptance
 
-    def begin(self, cached: int) -> bool: ...                 # draft this step? (False: a plain ar step)
+    def begin(self, cached: int, behind: int = 0) -> bool: ...   # draft this step? (False: a plain ar step)
     def opened(self, pending: int) -> None: ...               # the draft forward that opened the tree
     def draft_forward(self, tokens: int) -> None: ...         # a draft forward ran
     def value(self, parent_value: float, q: float, suffix: bool = False) -> float: ...
@@ -35,6 +35,7 @@ class Budget(Protocol):
     def saw_top1(self, q: float) -> None: ...
     def worth(self, v: float, ahead: int = 0) -> bool: ...    # add a node of value v?
     def take(self, values: list[float], width: int = 0, ahead: int = 0) -> int: ...   # how many candidates
+    def take_free(self, values: list[float]) -> int: ...     # ... of a tree that costs no draft forward
     def add(self, v: float) -> None: ...                      # a node joined the tree
     def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool: ...
     def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray,
@@ -48,7 +49,7 @@ class FixedBudget:
     adaptive = False
     top1 = 1.0
 
-    def begin(self, cached: int) -> bool:
+    def begin(self, cached: int, behind: int = 0) -> bool:
         return True
 
     def opened(self, pending: int) -> None:
@@ -72,6 +73,9 @@ class FixedBudget:
     def take(self, values: list[float], width: int = 0, ahead: int = 0) -> int:
         return len(values)
 
+    def take_free(self, values: list[float]) -> int:
+        return len(values)
+
     def add(self, v: float) -> None:
         pass
 
@@ -86,12 +90,12 @@ class FixedBudget:
 
 
 def make_budget(auto_nodes: int | None, costs: CostModel | None, batch: BatchView | None = None,
-                request: int = 0) -> Budget:
+                request: int = 0, left: int | None = None) -> Budget:
     """AutoBudget for a strategy with `budget: auto` (its cap `auto_nodes`) when step costs are known,
-    else the strategy's fixed numbers."""
+    else the strategy's fixed numbers. `left`: the most tokens the request will emit."""
     if auto_nodes is None or costs is None:
         return FixedBudget()
-    return AutoBudget(costs, auto_nodes, batch, request)
+    return AutoBudget(costs, auto_nodes, batch, request, left)
 
 
 __all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "make_budget"]

@@ -1,5 +1,6 @@
 """Acceptance: f(q) = P(a drafted child is accepted | the draft gave it probability q), calibrated per
-request from every verified step, starting from DySpec's prior f(q) = q."""
+request from every verified step, starting from DySpec's prior f(q) = q, or from what earlier requests
+learned (`carry`: a suffix trie's scores, calibrated per scope across requests)."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,3 +40,23 @@ class Acceptance:
         b = self._bins(q)
         np.add.at(self.tries, b, 1.0)
         np.add.at(self.hits, b, accepted.astype(np.float64))
+
+    def copy(self) -> Acceptance:
+        out = Acceptance()
+        out.hits, out.tries = self.hits.copy(), self.tries.copy()
+        return out
+
+    def carry(self, other: Acceptance, most: float) -> None:
+        """Start from `other`'s estimates, each bin believed as at most `most` observations (so this
+        request still learns its own within a few steps)."""
+        scale = np.minimum(1.0, most / other.tries)
+        self.hits, self.tries = other.hits * scale, other.tries * scale
+
+    def absorb(self, now: Acceptance, then: Acceptance, most: float) -> None:
+        """Add what a request observed (its estimates `now` less those it started from, `then`), each
+        bin kept to at most `most` observations (older ones weigh less: the estimate follows the
+        traffic)."""
+        self.hits = self.hits + (now.hits - then.hits)
+        self.tries = self.tries + (now.tries - then.tries)
+        scale = np.minimum(1.0, most / self.tries)
+        self.hits, self.tries = self.hits * scale, self.tries * scale

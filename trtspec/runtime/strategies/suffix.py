@@ -3,8 +3,8 @@
 The candidates come from the request's own trie and its scope's global trie (suffix_drafter.py:
 matching, scoring, the global trie's scope and memory cap; ~270 bytes a node, so the default
 `global_nodes` of 500k is ~135 MB). With `budget: auto` (the default; cap `max_budget`) the budget
-values each candidate by its calibrated empirical probability (acceptance is learned per request,
-apart from any draft model's) and verifies the best-first prefix that maximises the step's expected
+values each candidate by its calibrated empirical probability (acceptance is learned apart from any
+draft model's, per request, starting from what the scope's earlier requests measured) and verifies the best-first prefix that maximises the step's expected
 rate; with a number it is the node budget. The tree costs no model call, so it is proposed even in
 steps where the ar gate finds no draft forward worth paying (a crowded batch). Children are
 deterministic (q = one-hot under sampling): lossless like every strategy.
