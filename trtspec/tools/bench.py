@@ -62,11 +62,13 @@ from ..runtime.suffix import forget as forget_history
 from .datasets import load_prompts, second_turns
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
+from .ortgenai_peers import PEERS as ORT_GENAI_PEERS
 from .memory import reset_peak_rss, status_mb
 
 DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
 DEFAULT_PEERS = "hf,hf-assisted,hf-lookup"
-PEERS = {**dict.fromkeys(HF_PEERS, "hf"), **dict.fromkeys(LLAMA_CPP_PEERS, "llama.cpp")}   # name -> family
+PEERS = {**dict.fromkeys(HF_PEERS, "hf"), **dict.fromkeys(LLAMA_CPP_PEERS, "llama.cpp"),
+         **dict.fromkeys(ORT_GENAI_PEERS, "ortgenai")}   # name -> family
 SUM_KEYS = ("new_tokens", "seconds", "target_steps", "draft_seconds", "verify_seconds", "prefill_seconds",
             "other_seconds", "draft_forwards", "target_forward_seconds", "draft_forward_seconds", "forward_seconds")
 FORMULAS = {
@@ -228,10 +230,15 @@ class Bench:
             self.peers["llama.cpp"] = LlamaCppPeers(self.gen.config.to_dict(), want["llama.cpp"],
                                                     threads=torch.get_num_threads(), capacity=self.gen.capacity,
                                                     log_dir=log_dir)
+        if "ortgenai" in want:
+            from .ortgenai_peers import OrtGenAIPeers
+            self.peers["ortgenai"] = OrtGenAIPeers(self.folder, want["ortgenai"], threads=torch.get_num_threads(),
+                                                   log_dir=log_dir)
 
     def close(self) -> None:
-        if "llama.cpp" in self.peers:
-            self.peers["llama.cpp"].close()
+        for fam in ("llama.cpp", "ortgenai"):
+            if fam in self.peers:
+                self.peers[fam].close()
         self.gen.close()
 
     def fits(self, ids: list[int]) -> bool:
