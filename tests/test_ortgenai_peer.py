@@ -1,7 +1,8 @@
 """bench's ONNX Runtime GenAI peers (tools/ortgenai_peers.py) on the tiny folder: built from the
 folder's own target weights by ONNX Runtime GenAI's builder, the fp32 build decodes exactly our
 `ar` tokens (the same model on the same engine: backend parity), the int4 build decodes the asked
-number of tokens, and closing the peers leaves nothing on disk."""
+number of tokens, a sampled run is reproduced by its seed, and closing the peers leaves nothing on
+disk."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,6 +37,8 @@ def test_ortgenai_fp32_equals_our_ar_and_leaves_nothing_behind(folder, tmp_path)
             assert stats["new_tokens"] == 16 and stats["prefill_seconds"] > 0 and stats["tokens_per_s"] > 0
             q4, _ = peers.run("ortgenai", ids, 16)
             assert len(q4) == 16 and all(0 <= t < 512 for t in q4)
+        sampled = [peers.run("ortgenai-fp32", prompts[0], 16, temperature=1.0, seed=s)[0] for s in (7, 7, 8)]
+        assert len(sampled[0]) == 16 and sampled[0] == sampled[1]              # a seed reproduces its draw
         assert set(peers.settings()["build"]) == {"ortgenai", "ortgenai-fp32"}
     finally:
         peers.close()

@@ -214,8 +214,9 @@ def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
               help="Peers, comma-separated, or 'none': hf, hf-assisted, hf-lookup (transformers on the same "
                    "weights); llama.cpp, llama.cpp-spec, llama.cpp-ngram-{simple,map-k,map-k4v,mod,cache} "
                    "(llama-server on the same GGUF files: plain, with the draft, with each draftless n-gram "
-                   "mode; build it once with `make llama-cpp`); ortgenai (ONNX Runtime GenAI's builder, int4 "
-                   "for the CPU, from the folder's target weights: needs `pip install onnxruntime-genai`).")
+                   "mode; build it once with `make llama-cpp`); ortgenai, ortgenai-fp32 (ONNX Runtime GenAI: its "
+                   "builder's int4 for the CPU, or fp32, from the folder's target weights; needs `pip install "
+                   "onnxruntime-genai`).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="First N prompts (default: all).")
 @click.option("--stride", type=click.IntRange(1), default=1, show_default=True,
               help="Every N-th prompt, before --limit (MT-Bench is sorted by category: --stride 4 "

@@ -62,8 +62,8 @@ from ..runtime.suffix import forget as forget_history
 from .datasets import load_prompts, second_turns
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS
-from .ortgenai_peers import PEERS as ORT_GENAI_PEERS
 from .memory import reset_peak_rss, status_mb
+from .ortgenai_peers import PEERS as ORT_GENAI_PEERS
 
 DEFAULT_STRATEGIES = "ar,chain,staged,gsd,dyspec,cascade"
 DEFAULT_PEERS = "hf,hf-assisted,hf-lookup"

@@ -8,7 +8,8 @@ defaults (`ortgenai`: `-p int4 -e cpu`, MatMulNBits weights; `ortgenai-fp32`: th
 ours, unquantized), and deletes the copy. The built model lives in a
 temporary folder that closing the peer removes: nothing is left on disk. Decoding runs exactly
 `max_new_tokens` (min_length = max_length, so stop tokens never end it), greedy unless a
-temperature is given, with ONNX Runtime's intra-op threads set to bench's `--threads`.
+temperature is given (then sampled from the whole vocabulary: top-k = its size, top-p 1), with ONNX
+Runtime's intra-op threads set to bench's `--threads`.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ class OrtGenAIPeers:
             raise RequestError(f"unknown peer(s) {bad}; choose from {', '.join(PEERS)}")
         self.og, self.threads = og, threads
         self.version = getattr(og, "__version__", None)
+        spec = json.loads((Path(folder) / "manifest.json").read_text())["models"]["target"]["spec"]
+        self.vocab = int(spec["vocab_size"])        # sampling: top-k over the whole vocabulary (no filter)
         self.models: dict = {}
         self.build_seconds: dict[str, float] = {}
         self.tmp = tempfile.TemporaryDirectory(prefix="trtspec-ortgenai-")
@@ -115,7 +118,7 @@ class OrtGenAIPeers:
         length = len(prompt_ids) + max_new_tokens
         search = {"max_length": length, "min_length": length, "do_sample": temperature > 0}
         if temperature > 0:
-            search.update(temperature=temperature, top_k=0, top_p=1.0, random_seed=seed)
+            search.update(temperature=temperature, top_k=self.vocab, top_p=1.0, random_seed=seed)
         params.set_search_options(**search)
         gen = og.Generator(model, params)
         t0 = time.perf_counter()
