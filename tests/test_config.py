@@ -86,10 +86,30 @@ def test_quantize_options_per_backend(tmp_path):
     assert torch_cfg.digest() == load_config(write_config(tmp_path, tiny_dict())).digest()
     for key, value, words in (("backend", "tensorrt", "never ran here"),
                               ("target.dtype", "fp16", "set target.dtype fp32"),
-                              ("target.quantize", "int8", "quantize the target to int4, or only the draft"),
+                              ("target.quantize", "int8", "set target.activations int8"),
+                              ("target.quantize", "gguf", "tiny:0 is not one"),
                               ("device", "cuda", "quantized engines run on CPU")):
         with pytest.raises(ConfigError, match=words):
             load_config(write_config(tmp_path, _set(copy.deepcopy(d), key, value)))
+
+
+def test_activations_options(tmp_path):
+    """`activations:` belongs to ONNX Runtime's quantized MatMuls, and an int8 target needs it at int8;
+    it names another engine folder."""
+    d = _set(_set(_set(tiny_dict(), "backend", "onnxruntime"), "target.quantize", "int4"), "draft.quantize", "int8")
+    auto = load_config(write_config(tmp_path, d))
+    assert auto.target.activations == "auto"
+    int8 = load_config(write_config(tmp_path, _set(copy.deepcopy(d), "target.activations", "int8")))
+    assert int8.digest() != auto.digest()
+    load_config(write_config(tmp_path, _set(_set(copy.deepcopy(d), "target.activations", "int8"),
+                                            "target.quantize", "int8")))      # int8 weights: with int8 activations
+    for key, value, words in (("target.quantize", "none", "target.activations: int8: .*quantize int4 or gguf"),
+                              ("backend", "torch", "target.activations: int8: .*backend onnxruntime")):
+        bad = _set(_set(copy.deepcopy(d), "target.activations", "int8"), key, value)
+        if key == "backend":
+            bad = _set(_set(bad, "target.quantize", "none"), "draft.quantize", "int8")
+        with pytest.raises(ConfigError, match=words):
+            load_config(write_config(tmp_path, bad))
 
 
 def test_tree_too_big_for_the_kv_capacity_is_refused_at_load(tmp_path):

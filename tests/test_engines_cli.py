@@ -5,7 +5,9 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from conftest import with_chat_template
@@ -231,3 +233,77 @@ def test_quantized_onnxruntime_folder(tmp_path):
     line = next(l for l in res.output.splitlines() if l.startswith("onnxruntime  batch invariance"))
     assert line.endswith("OK") and "argmax agreement 9/9" in line
     assert "int4 weights: differs from fp32 by design" in res.output
+
+
+@pytest.fixture(scope="module")
+def int8_folder(tmp_path_factory):
+    cfg = load_config(TINY).with_backend("onnxruntime")
+    cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "int4", "int8", "int8"
+    return build_engines(cfg, tmp_path_factory.mktemp("int8") / "q", log=lambda *a, **k: None)
+
+
+def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
+    """int4 target with int8 activations (MatMulNBits accuracy level 4): the build gives it exact
+    attention (fp64 attention and KV), its tree rows equal one-token rows bit for bit over 300 random
+    trees, and every strategy reproduces its `ar`, alone and sharing a batch. The same graph with fp32
+    attention is not exact (the check can fail)."""
+    from trtspec.engines.onnxruntime_engine import OrtEngine
+    from trtspec.engines.quantize import quantize_onnx
+    from trtspec.export.onnx_export import export_onnx
+    from trtspec.export.tiny import tiny_pair, tiny_spec
+    from trtspec.tools.inspect_engines import count_differences
+
+    folder = int8_folder
+    info = verify(folder)["models"]["target"]
+    assert info["attention"] == "fp64" and info["quantize"]["accuracy_level"] == 4
+    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp64"}
+    res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
+    assert res.exit_code == 0, res.output
+    line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
+    assert " 0 of " in line and line.endswith("bit-identical"), line
+
+    gen = load_generator(folder)
+    assert gen.target_engine.kv_dtype == torch.float64
+    prompts = [gen.tokenizer(p)["input_ids"] for p in ("for i in range(10):\n    print(i)\n", "def f(x):\n")]
+    refs = [gen.generate(p, strategy="ar", max_new_tokens=24).token_ids for p in prompts]
+    strategies = ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix")
+    for strategy in strategies:
+        for p, ref in zip(prompts, refs):
+            assert gen.generate(p, strategy=strategy, max_new_tokens=24).token_ids == ref, strategy
+    handles = [(ref, gen.submit(p, strategy=s, max_new_tokens=24)) for s in strategies for p, ref in zip(prompts, refs)]
+    assert all(h.result().token_ids == ref for ref, h in handles)
+    gen.close()
+
+    target, _ = tiny_pair(tiny_spec(**load_config(TINY).target.tiny.model_dump()), seed=0)
+    export_onnx(target, tmp_path / "fp32-attention.onnx")
+    quantize_onnx(tmp_path / "fp32-attention.onnx", tmp_path / "level4.onnx", "int4", "int8")
+    engine = OrtEngine(tmp_path / "level4.onnx", target.spec, intra_op_threads=1)
+    differ, nodes, _ = count_differences(engine, target.spec.vocab_size, trees=40, longest=200)
+    assert differ > nodes // 2, (differ, nodes)
+
+
+def test_an_int8_activation_target_samples_exactly(int8_folder):
+    """Sampled `staged` on the int8-activation folder: the first two tokens are distributed as that
+    engine's own one-token forwards give them (chi-square, temperature 1)."""
+    from test_sampling_exact import PASS_P, T1, fit, reference_probs, sample_first
+    from trtspec.runtime.runner import ModelRunner, drive
+
+    gen = load_generator(int8_folder)
+    prompt = gen.tokenizer("def f(x):\n")["input_ids"]
+
+    def probs(tokens):
+        runner = ModelRunner.alone(gen.target_engine, capacity=len(tokens) + 8)
+        if len(tokens) > 1:
+            drive(runner.prefill(tokens[:-1]))
+        logits = drive(runner.extend([tokens[-1]]))
+        return reference_probs(logits.reshape(-1, logits.shape[-1])[-1].float(), T1)
+
+    p1 = probs(prompt)
+    joint = np.zeros((len(p1), len(p1)))
+    for t in np.flatnonzero(p1):
+        joint[t] = p1[t] * probs(prompt + [int(t)])
+    counts = sample_first(gen, prompt, "staged", T1, 1200, 30_000)
+    p_first, p_joint = fit(counts, joint)
+    gen.close()
+    print(f"[pvalue] int8-activation folder staged: first {p_first:.3g} joint {p_joint:.3g}")
+    assert p_first > PASS_P and p_joint > PASS_P, (p_first, p_joint)

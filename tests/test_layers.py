@@ -107,10 +107,12 @@ def test_only_the_cache_and_the_batcher_move_kv_bookkeeping():
     for m, p in modules().items():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    node.func.attr in ("advance", "restore", "assume"):
+                    node.func.attr in ("advance", "restore", "assume", "rewind"):
                 calls.setdefault(m, []).append(node.func.attr)
-    assert set(calls) <= {"trtspec.runtime.batch", "trtspec.runtime.costs"}, calls   # engines never do
+    assert set(calls) <= {"trtspec.runtime.batch", "trtspec.runtime.costs",
+                          "trtspec.tools.inspect_engines"}, calls   # engines never do
     assert calls["trtspec.runtime.batch"] and calls["trtspec.runtime.costs"] == ["assume"]
+    assert set(calls["trtspec.tools.inspect_engines"]) == {"rewind"}       # the exactness sweep only
 
 
 def test_strategies_only_propose():

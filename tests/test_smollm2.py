@@ -38,7 +38,12 @@ def engines(tmp_path_factory):
     build_engines(cfg, out.with_name("torch"), backend="torch", log=lambda *a, **k: None)
     cfg.target.quantize, cfg.draft.quantize = "int4", "int8"
     build_engines(cfg, out.with_name("int4"), backend="onnxruntime", log=lambda *a, **k: None)
-    return {"onnxruntime": out, "torch": out.with_name("torch"), "int4": out.with_name("int4")}
+    # The GGUF's own Q4_1 blocks, int8 activations and exact attention (target), the same blocks for the
+    # self-draft
+    cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "gguf", "int8", "gguf"
+    build_engines(cfg, out.with_name("gguf"), backend="onnxruntime", log=lambda *a, **k: None)
+    return {"onnxruntime": out, "torch": out.with_name("torch"), "int4": out.with_name("int4"),
+            "gguf": out.with_name("gguf")}
 
 
 def _ar(folder) -> dict[str, list[int]]:
@@ -50,13 +55,17 @@ def _ar(folder) -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def references(engines):
     """`ar` of the fp32 torch folder (ONNX Runtime fp32 must match it) and of the int4 folder."""
-    return {"fp32": _ar(engines["torch"]), "int4": _ar(engines["int4"])}
+    return {"fp32": _ar(engines["torch"]), "int4": _ar(engines["int4"]), "gguf": _ar(engines["gguf"])}
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4"])
+def _refs(references, backend):
+    return references[backend if backend in ("int4", "gguf") else "fp32"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4", "gguf"])
 def test_greedy_strategies_equal_ar(engines, references, backend):
     gen = load_generator(engines[backend])
-    for prompt, ref in references["int4" if backend == "int4" else "fp32"].items():
+    for prompt, ref in _refs(references, backend).items():
         ids = gen.tokenizer(prompt)["input_ids"]
         if backend == "onnxruntime":
             assert gen.generate(ids, strategy="ar", max_new_tokens=32).token_ids == ref
@@ -82,7 +91,7 @@ def test_int4_folder_records_its_scheme(engines):
     assert models["target"]["artifacts"] == {"onnx_fp32": "target/model.fp32-int4.onnx"}   # only the int4 graph
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4"])
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime", "int4", "gguf"])
 def test_batch_invariance(engines, references, backend):
     """Every strategy, all at once in one batch (two prompts each, different lengths): each output
     equals that prompt's solo `ar` output."""
@@ -91,9 +100,21 @@ def test_batch_invariance(engines, references, backend):
             for p, n in ((PROMPTS[i % 2], 32), (PROMPTS[(i + 1) % 2], 12 + i))]
     handles = [gen.submit(gen.tokenizer(p)["input_ids"], strategy=s, max_new_tokens=n) for p, s, n in jobs]
     for (p, s, n), h in zip(jobs, handles):
-        ref = references["int4" if backend == "int4" else "fp32"][p]
+        ref = _refs(references, backend)[p]
         assert h.result(timeout=600).token_ids == ref[:n], (backend, s, n)
     assert gen.batchers["target"].rows > gen.batchers["target"].forwards     # steps were shared
+
+
+def test_gguf_folder_takes_the_file_s_blocks_and_is_exact(engines):
+    """The `quantize: gguf` folder: every projection runs SmolLM2's own Q4_1 blocks (the tied LM head
+    stays fp32), the target has exact attention, and 100 random trees give one-token logits bit for bit."""
+    from trtspec.engines.manifest import verify
+    from trtspec.tools.inspect_engines import sweep
+    models = verify(engines["gguf"])["models"]
+    assert models["target"]["quantize"]["block_types"] == {"Q4_1": 30 * 7}
+    assert models["target"]["attention"] == "fp64" and "attention" not in models["draft"]
+    (line,) = sweep(engines["gguf"], trees=100, longest=400)
+    assert " 0 of " in line and line.endswith("bit-identical"), line
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])

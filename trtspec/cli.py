@@ -257,13 +257,19 @@ def bench(**options) -> None:
 @click.option("--compare", is_flag=True,
               help="Run one identical random tree step through every backend available here and report "
                    "logit differences vs torch (plus polygraphy TensorRT-vs-ONNX Runtime where both exist).")
+@click.option("--trees", type=click.IntRange(1), default=None,
+              help="With --compare: also run N random trees (2-16 nodes) at random cached lengths from 16 to "
+                   "2,000 through the folder's own backend and count the nodes whose logits differ, bit for bit, "
+                   "from the same path fed one token per forward (what `ar` computes). 0 means strategies "
+                   "reproduce `ar` on those trees.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True)
 @click.option("--measure-costs", is_flag=True,
               help="Measure the step costs budget: auto plans with (one target / draft forward over 1..64 new "
                    "tokens at two cache lengths) on this machine again, and store them in the folder's costs.json.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="With --measure-costs: threads (default: the config's).")
 @user_errors
-def inspect(engines_dir: str, compare: bool, role: str, measure_costs: bool, threads: int | None) -> None:
+def inspect(engines_dir: str, compare: bool, trees: int | None, role: str, measure_costs: bool,
+            threads: int | None) -> None:
     """Show an engine folder's models, artifacts, versions (verifying every hash) and step costs."""
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe
@@ -272,8 +278,14 @@ def inspect(engines_dir: str, compare: bool, role: str, measure_costs: bool, thr
         measure(Path(engines_dir), threads=threads, log=lambda m: click.echo(m, err=True))
     for line in describe(Path(engines_dir)):
         click.echo(line)
+    if trees and not compare:
+        raise click.UsageError("--trees goes with --compare")
     if compare:
         for line in run_compare(Path(engines_dir), role):
+            click.echo(line)
+    if trees:
+        from .tools.inspect_engines import sweep
+        for line in sweep(Path(engines_dir), role, trees):
             click.echo(line)
 
 

@@ -5,7 +5,7 @@
     DIR/{target,draft}/weights.safetensors   torch engine (dequantized, in the config dtype)
     DIR/{target,draft}/model.{dtype}.onnx    the step contract as ONNX (onnxruntime / tensorrt)
     DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
-    DIR/{target,draft}/model.fp32-{int4,int8}[.ort].onnx  the same, weight-only (`quantize:`)
+    DIR/{target,draft}/model.fp32-{int4,int8,gguf}[.ort].onnx  the same, weight-only (`quantize:`)
     DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (backend tensorrt: needs TensorRT and a GPU)
 
 What is built follows the backend asked for, and the folder holds the weights once: torch writes
@@ -39,13 +39,14 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..engines.manifest import EngineError, verify, write_manifest
+from ..engines.quantize import activations, exact_attention
 from ..errors import Terminated
 from ..export.contract import io_spec
 from ..export.model import Decoder
 from ..export.spec import DTYPES
 from ..options import MAX_STEP_TOKENS
 from .backends import BACKENDS
-from .config import Config
+from .config import Config, ModelEntry
 from .sources import load_model, load_tokenizer_for
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
@@ -210,7 +211,10 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
                                       f"trained for ({model.spec.max_position_embeddings} positions); lower "
                                       "max_seq_len in the config")
                 info["spec"] = model.spec.to_dict()
-                info["io"] = io_spec(model.spec, entry.dtype)
+                exact = exact_attention(role, entry) and want_onnx
+                info["io"] = io_spec(model.spec, "fp64" if exact else entry.dtype)
+                if exact:
+                    info["attention"] = "fp64"
                 if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
                     stop_ids = eos_token_ids(tok, model.spec)
             elif stage == "weights":
@@ -218,7 +222,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
                 info["artifacts"]["weights"] = f"{role}/weights.safetensors"
             else:
                 info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], backend,
-                                                      entry.quantize, info))
+                                                      entry, info))
         models[role] = info
         del model
     return {
@@ -231,19 +235,23 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     }
 
 
-def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str, quantize: str,
-                 info: dict) -> dict[str, str]:
+def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str,
+                 entry: ModelEntry, info: dict) -> dict[str, str]:
     """The model as ONNX in dtype `dt` (weight-only quantized if asked), then what the backend makes
     of it (backends.py `convert`: ORT's optimized graph, TensorRT plans)."""
     from ..export.onnx_export import export_onnx, remove_graph
 
     m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
+    if exact_attention(role, entry):
+        m.exact_attention()
     path = folder / f"model.{dt}.onnx"
     export_onnx(m, path, opset=cfg.build.opset)
-    if quantize != "none":              # the config allows it for onnxruntime fp32 only
+    if entry.quantize != "none":        # the config allows it for onnxruntime fp32 only
         from ..engines.quantize import quantize_onnx
-        fp32, path = path, folder / f"model.{dt}-{quantize}.onnx"
-        info["quantize"] = quantize_onnx(fp32, path, quantize, role)
+        from ..export.packs import resolve_model
+        fp32, path = path, folder / f"model.{dt}-{entry.quantize}.onnx"
+        gguf = resolve_model(entry.model) if entry.quantize == "gguf" else None
+        info["quantize"] = quantize_onnx(fp32, path, entry.quantize, activations(role, entry), gguf)
         remove_graph(fp32)
     return BACKENDS[backend].convert(cfg, model.spec, path, role, dt)
 

@@ -65,9 +65,15 @@ class ModelEntry(Strict):
     dtype: Dtype = "fp32"
     tiny: TinyOptions = Field(default_factory=TinyOptions)   # tiny:SEED only
     layers: Annotated[int, Field(ge=0, le=1000)] = 0   # >0: keep only the first N layers: a self-draft
-    # Weight-only: onnxruntime builds MatMulNBits graphs (target int4; draft int4 / int8); torch
-    # quantizes a draft to dynamic int8 at load. A quantized target *is* the target (lossless = its ar).
-    quantize: Literal["none", "int8", "int4"] = "none"
+    # Weight-only: onnxruntime builds MatMulNBits graphs (target int4 / gguf; draft int4 / int8 /
+    # gguf: the GGUF source's own blocks, bit-exact); torch quantizes a draft to dynamic int8 at load.
+    # A quantized target *is* the target (lossless = its ar).
+    quantize: Literal["none", "int8", "int4", "gguf"] = "none"
+    # What a quantized ONNX Runtime model's MatMuls do with their activations (MatMulNBits' accuracy
+    # level). auto: the target fp32 (level 1), drafts int8 (level 4). A target at int8 (about 1.7x
+    # faster per step here) gets exact attention: fp64 attention and KV, so a tree's rows still give
+    # the logits of one-token forwards (docs/ARCHITECTURE.md, "Exact attention").
+    activations: Literal["auto", "fp32", "int8"] = "auto"
 
     @field_validator("model")
     @classmethod
@@ -197,6 +203,8 @@ class Config(Strict):
         for role in ("target", "draft"):
             if keep.get(role) and (keep[role].get("quantize") == "none" or BACKENDS[self.backend].quantizes_at_load):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
+            if keep.get(role) and keep[role].get("activations") == "auto":     # folders built before it existed
+                keep[role] = {k: v for k, v in keep[role].items() if k != "activations"}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -42,6 +42,7 @@ def need(folder: Path, manifest: dict, capacity: int, slots: int) -> Need:
     for role, info in manifest["models"].items():
         spec = ModelSpec.from_dict(info["spec"])
         elt = DTYPES[info["dtype"]].itemsize if not info.get("quantize") else 4   # quantized graphs keep fp32 KV
+        elt = 8 if info.get("attention") == "fp64" else elt                        # ... or fp64 (exact attention)
         row_bytes[role] = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * elt
         weights[role] = sum(f["bytes"] for rel, f in manifest.get("files", {}).items() if rel.startswith(f"{role}/"))
     return Need(weights, row_bytes, capacity + MAX_BATCH_TOKENS, slots)

@@ -21,7 +21,7 @@ from ..runtime.engine import Engine
 from ..runtime.kv_cache import BatchStaging, KVCache
 
 _ONNX_TO_TORCH = {onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.FLOAT16: torch.float16,
-                  onnx.TensorProto.BFLOAT16: torch.bfloat16}
+                  onnx.TensorProto.BFLOAT16: torch.bfloat16, onnx.TensorProto.DOUBLE: torch.float64}
 _TORCH_TO_ONNX = {v: k for k, v in _ONNX_TO_TORCH.items()} | {
     torch.int64: onnx.TensorProto.INT64, torch.bool: onnx.TensorProto.BOOL}
 _SMALL_INPUTS = (("input_ids", torch.int64), ("position_ids", torch.int64),

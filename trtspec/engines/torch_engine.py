@@ -14,7 +14,7 @@ class TorchEngine(Engine):
     def __init__(self, model: Decoder, device: str = "cpu"):
         self.model = model.to(device)
         self.spec = model.spec
-        self.kv_dtype = model.model.embed_tokens.weight.dtype   # int8 drafts keep float embeddings
+        self.kv_dtype = model.kv_dtype     # the weights' (int8 drafts keep float embeddings), or exact attention's
         self.device = device
         self.staging = BatchStaging(self.spec, self.kv_dtype, device)
 

@@ -64,6 +64,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
+    # Attention arithmetic and KV dtype; None: the weights'. float64 (Decoder.exact_attention) makes a
+    # row's attention output, rounded to fp32, independent of how many rows a forward carries and
+    # where its ancestors sit (docs/ARCHITECTURE.md, "Exact attention").
+    acc: torch.dtype | None = None
+
     def __init__(self, spec: ModelSpec):
         super().__init__()
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
@@ -80,6 +85,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv, self.d)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        out_dtype = x.dtype
+        if self.acc is not None:              # exact upcasts: the rows' values are the fp32 ones
+            q, k, v = q.to(self.acc), k.to(self.acc), v.to(self.acc)
         # Grouped-query attention: the G query heads of a KV head are rows of one [G*T, D] block, so
         # repeated KV heads are never materialised.
         g = self.h // self.kv
@@ -90,12 +98,13 @@ class Attention(nn.Module):
         # with the new rows instead copied every layer's past each step (3-5x this attention's cost).
         scores = torch.cat([torch.matmul(qg, past_k.permute(0, 2, 3, 1)),      # [B, Hkv, G*T, C]
                             torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)      # [.., C+T]
-        scores = scores.float().view(b, self.kv, g, t, c + t) * (1.0 / math.sqrt(self.d)) + mask_add
+        scores = scores.to(self.acc or torch.float32).view(b, self.kv, g, t, c + t)
+        scores = scores * (1.0 / math.sqrt(self.d)) + mask_add
         probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.kv, g * t, c + t)
         out = (torch.matmul(probs[..., :c], past_v.permute(0, 2, 1, 3))
                + torch.matmul(probs[..., c:], v.permute(0, 2, 1, 3)))          # [B, Hkv, G*T, D]
         out = out.view(b, self.kv, g, t, self.d).permute(0, 3, 1, 2, 4).reshape(b, t, self.h * self.d)
-        return self.o_proj(out), k, v
+        return self.o_proj(out.to(out_dtype)), k, v
 
 
 class MLP(nn.Module):
@@ -137,6 +146,17 @@ class Decoder(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return self.model.layers[0].self_attn.acc or self.model.embed_tokens.weight.dtype
+
+    def exact_attention(self, dtype: torch.dtype | None = torch.float64) -> "Decoder":
+        """Attention (and the KV cache) in `dtype`: float64 for targets whose MatMuls quantize their
+        activations to int8, so that a tree row gives the logits of a one-token forward."""
+        for layer in self.model.layers:
+            layer.self_attn.acc = dtype
+        return self
 
     def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor]):
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]

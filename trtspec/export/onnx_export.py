@@ -33,7 +33,7 @@ EXTERNAL_DATA_MIN_BYTES = 100 * 2**20   # above this, weights go to "<file>.data
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 _TORCH_TO_ONNX = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
-                  torch.bfloat16: onnx.TensorProto.BFLOAT16}
+                  torch.bfloat16: onnx.TensorProto.BFLOAT16, torch.float64: onnx.TensorProto.DOUBLE}
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _sample_inputs(model: Decoder, dtype: torch.dtype):
     s, b, t, c = model.spec, 2, 3, 5
     return (torch.arange(t).repeat(b, 1), torch.arange(c, c + t).repeat(b, 1),
             torch.ones(b, t, c + t, dtype=torch.bool).tril(c), torch.tensor([[0, 1, 2, 2]] * b),
-            *[torch.zeros(b, c, s.num_kv_heads, s.head_dim, dtype=dtype) for _ in range(2 * s.num_layers)])
+            *[torch.zeros(b, c, s.num_kv_heads, s.head_dim, dtype=model.kv_dtype) for _ in range(2 * s.num_layers)])
 
 
 def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) -> None:
@@ -115,7 +115,7 @@ def _fix_interface(path: Path, model: Decoder, dtype: torch.dtype) -> None:
     reject non-standard domains. Loads only the graph, so external weights are untouched."""
     s = model.spec
     proto = onnx.load(str(path), load_external_data=False)
-    kv = _TORCH_TO_ONNX[dtype]
+    kv = _TORCH_TO_ONNX[model.kv_dtype]
     i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
     want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
             "attn_mask": (b, ["batch", "new_tokens", "total_len"]), "logit_rows": (i64, ["batch", "logit_rows"]),
@@ -245,7 +245,7 @@ def _probe_outputs(path: Path) -> list:
     mask[1, :, 0] = False      # the second row has one past row fewer
     for i in sess.get_inputs():
         if i.name.startswith("past_"):
-            dt = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[i.type]
+            dt = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}[i.type]
             feed[i.name] = rng.standard_normal((b, c, *i.shape[2:])).astype(dt)
     feed.update(input_ids=np.array([[1, 2, 3], [4, 5, 6]]), position_ids=np.array([[2, 3, 3], [1, 2, 2]]),
                 attn_mask=mask, logit_rows=np.array([[0, 2], [1, 2]]))

@@ -86,6 +86,14 @@ class KVCache:
         """Back to a `mark()` (a failed step: its rows are dropped, committed rows never moved)."""
         self.length, self.scratch = mark
 
+    def rewind(self, length: int, scratch: int) -> None:
+        """Back to `length` committed rows followed by the first `scratch` rows written after them,
+        whatever was written since: `inspect --compare --trees` replays a tree's paths depth first
+        over one long prefix (never during decoding)."""
+        if not (0 <= length and 0 <= scratch and length + scratch <= self.capacity):
+            raise ValueError(f"cannot rewind to {length} + {scratch} rows of a {self.capacity}-row cache")
+        self.length, self.scratch = length, scratch
+
     def assume(self, rows: int) -> None:
         """Count the first `rows` rows as committed without writing them: timing runs, whose logits
         are never read (costs.measure_rows)."""

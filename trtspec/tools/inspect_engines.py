@@ -6,9 +6,10 @@ difference and argmax agreement against the torch engine (the folder's weights, 
 Runtime / TensorRT folder the model rebuilt from the config's source; for a quantized folder that
 difference is the quantization's, reported, not judged). It also checks each backend's batch
 invariance: every tree node's logits against the same path fed one token per forward, as `ar`
-would (lossless greedy needs the two to pick the same argmax). Where TensorRT and polygraphy both exist,
-polygraphy's Comparator also checks the ONNX graph under TensorRT vs ONNX Runtime (not exercised in
-CI: neither can be installed there).
+would (lossless greedy needs the two to pick the same argmax); `--trees N` does that bit for bit
+over N random trees at cached lengths up to 2,000 on the folder's own backend (`sweep`). Where
+TensorRT and polygraphy both exist, polygraphy's Comparator also checks the ONNX graph under
+TensorRT vs ONNX Runtime (not exercised in CI: neither can be installed there).
 """
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ def describe(folder: Path) -> list[str]:
                          f"{'symmetric' if q['symmetric'] else 'zero points'}, accuracy level {q['accuracy_level']} "
                          f"({q['activations']} activations), "
                          f"{q['matmuls_quantized']} of {q['matmuls_total']} MatMuls ({q['quantizer']})")
+            if types := q.get("block_types"):
+                lines.append("  blocks     " + ", ".join(f"{k} x{n}" for k, n in sorted(types.items())))
+        if info.get("attention") == "fp64":
+            lines.append("  attention  fp64, KV cache fp64 (exact attention: a tree row's logits are the one-token "
+                         "forward's; check: inspect --compare --trees N)")
     from ..runtime.costs import load
     costs = load(folder)
     lines += costs.describe() if costs else [f"step costs: none stored (measured at the first budget: auto request; "
@@ -96,6 +102,64 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
                      f"{agree:.0%} over {len(tree)} tree nodes — {ok}")
     lines += _polygraphy(folder, info)
     return lines
+
+
+def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, longest: int = 2000) -> list[str]:
+    """`count_differences` on the folder's own backend (`inspect --compare --trees N`)."""
+    m = verify(folder)
+    cfg = Config.from_dict(m["config"])
+    info = m["models"][role]
+    longest = max(17, min(longest, cfg.max_seq_len - 24))
+    engine = load_engine(folder, role, info, m["backend"], LoadOptions(threads=cfg.threads))
+    try:
+        differ, nodes, worst = count_differences(engine, info["spec"]["vocab_size"], trees, longest, seed,
+                                                 progress=f"{role}: trees vs one token per forward")
+    finally:
+        engine.close()
+    verdict = "bit-identical" if differ == 0 else f"max |Δlogit| {worst:.3g} — NOT EXACT"
+    return [f"{m['backend']:<12} exactness: {trees} random trees ({nodes} nodes) at cached lengths 16-{longest}: "
+            f"{differ} of {nodes} nodes' logits differ from one token per forward — {verdict}"]
+
+
+def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 0,
+                      progress: str | None = None) -> tuple[int, int, float]:
+    """Exactness at scale: `trees` random trees (2-16 nodes) at random cached lengths (16 to
+    `longest`), each node's logits against the same path fed one token per forward, compared bit
+    for bit; returns (nodes that differ, nodes, largest |Δlogit|). One long random prompt is
+    prefilled once; trees run from the longest cached length down, so a tree's rows never overwrite
+    a later tree's prefix, and paths are replayed depth first, one forward per node."""
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(seed)
+    plan = []
+    for _ in range(trees):
+        n = int(torch.randint(2, 17, (1,), generator=gen))
+        parents = [-1] + [int(torch.randint(0, k, (1,), generator=gen)) for k in range(1, n)]
+        plan.append((int(torch.randint(16, longest + 1, (1,), generator=gen)),
+                     TokenTree(torch.randint(0, vocab, (n,), generator=gen), parents)))
+    plan.sort(key=lambda p: -p[0])
+    runner = ModelRunner.alone(engine, capacity=longest + 24)
+    drive(runner.prefill(torch.randint(0, vocab, (longest,), generator=gen).tolist()))
+    differ = nodes = 0
+    worst = 0.0
+    for length, tree in tqdm(plan, desc=progress, unit="tree", disable=progress is None):
+        runner.cache.rewind(length, 0)
+        tree_logits = drive(runner.verify(tree)).float().clone()
+        for node in _preorder(tree):
+            runner.cache.rewind(length, int(tree.host_depth[node]))
+            row = drive(runner.extend([int(tree.host_tokens[node])])).reshape(-1, vocab)[-1].float()
+            d = float((row - tree_logits[node]).abs().max())
+            worst, differ, nodes = max(worst, d), differ + (d > 0), nodes + 1
+    return differ, nodes, worst
+
+
+def _preorder(tree: TokenTree) -> list[int]:
+    kids, out, stack = tree.children(), [], [0]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(reversed(kids[node]))
+    return out
 
 
 def _invariance(runner: ModelRunner, tree: TokenTree, tree_logits: torch.Tensor) -> str:

@@ -1,0 +1,176 @@
+"""`quantize: gguf`: the GGUF's own blocks in ONNX Runtime's MatMulNBits, exactly. Every block type
+a GGUF mixes in, decoded and run through the kernels on an identity matrix, gives
+`gguf.quants.dequantize`'s weights bit for bit; a tiny GGUF built with them gives the fp32 graph's
+logits, and every strategy reproduces that folder's `ar`."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from trtspec.engines import gguf_blocks
+
+gguf = pytest.importorskip("gguf")
+ort = pytest.importorskip("onnxruntime")
+Q = gguf.GGMLQuantizationType
+LEGACY = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0)
+K_QUANTS = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+
+
+def random_blocks(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    """Well-formed blocks: gguf's own quantizer for the legacy types; random bits with finite fp16
+    scales where the layout keeps them for the K-quants (gguf cannot quantize those)."""
+    if qtype in LEGACY:
+        return gguf.quants.quantize(rng.standard_normal((rows, cols)).astype(np.float32), qtype)
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = rng.uniform(0.001, 0.01, size=(rows, cols // block, 2)).astype(np.float16).view(np.uint8)
+    if qtype == Q.Q6_K:
+        b[..., -2:] = scale[..., :2].reshape(rows, cols // block, 2)   # d trails the block
+    else:
+        b[..., 0:4] = scale.reshape(rows, cols // block, 4)             # d, dmin lead it
+    return b.reshape(rows, -1)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    """The fp32 bit patterns, with -0 read as +0 (gguf gives -0 for a zero code under a negative
+    scale; the kernel +0: the same weight in every product and sum)."""
+    return (a + np.float32(0)).view(np.uint32)
+
+
+def run_nodes(nodes, inits, x: np.ndarray) -> np.ndarray:
+    k = x.shape[-1]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, None, k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda q: q.name)
+def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype):
+    """Decoded blocks reproduce gguf.quants.dequantize, and so do ONNX Runtime's kernels running the
+    emitted nodes (accuracy level 1) on one-hot rows: w = s * q + c rounded once, as gguf computes it."""
+    rng = np.random.default_rng(int(qtype))
+    n, k = 48, 512
+    raw = random_blocks(qtype, n, k, rng)
+    want = gguf.quants.dequantize(raw, qtype)
+    bl = gguf_blocks.decode(raw, qtype, (n, k))
+    assert bl is not None and np.array_equal(bl.dequantize().view(np.uint32), want.view(np.uint32))  # the decoder: even -0
+    nodes, inits = gguf_blocks.matmul_nodes("w", "x", "y", bl, accuracy_level=1)
+    assert len([nd for nd in nodes if nd.op_type == "MatMulNBits"]) == (bl.bits + 3) // 4
+    got = run_nodes(nodes, inits, np.eye(k, dtype=np.float32)[None])[0].T
+    assert np.array_equal(bits(got), bits(want))
+    # and an ordinary product: the fp32 product with the same weights, to fp32 accuracy
+    x = rng.standard_normal((1, 3, k)).astype(np.float32)
+    np.testing.assert_allclose(run_nodes(nodes, inits, x)[0], x[0] @ want.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_decoding_that_disagrees_with_gguf_is_caught():
+    """The build refuses a tensor whose decoded blocks are not gguf's weights (a changed format): the
+    check compares bits, so one flipped scale is enough."""
+    rng = np.random.default_rng(1)
+    raw = random_blocks(Q.Q4_K, 4, 256, rng)
+    bl = gguf_blocks.decode(raw, Q.Q4_K, (4, 256))
+    bl.scale[0, 0] = np.nextafter(bl.scale[0, 0], np.float32(1))
+    assert not np.array_equal(bl.dequantize(), gguf.quants.dequantize(raw, Q.Q4_K))
+
+
+def test_types_kept_dense_are_none():
+    assert gguf_blocks.decode(np.zeros((2, 64), np.uint8), Q.F16, (2, 32)) is None
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def tiny_gguf(request, tmp_path_factory):
+    """A tiny GGUF whose projections use the block types of a Q4_K_M file and of older ones (llama:
+    q/k rows permuted the way llama.cpp's converter writes them)."""
+    import torch
+    from test_gguf import gguf_name, llama_cpp_permute, tiny_hf, write_gguf
+
+    arch = request.param
+    cfg, model = tiny_hf(arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=False)
+    rng = np.random.default_rng(0)
+    plan = {"attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q8_0, "ffn_gate": Q.Q4_0,
+            "ffn_up": Q.Q4_1, "ffn_down": Q.Q5_0}
+    tensors, raw = {}, {}
+    for k, v in model.state_dict().items():
+        name, a = gguf_name(k), v.numpy()
+        kind = name.split(".")[-2]
+        qtype = Q.Q6_K if name == "output.weight" else plan.get(kind) if name.endswith(".weight") else None
+        if name == "blk.1.ffn_down.weight":
+            qtype = Q.Q5_1
+        if qtype in K_QUANTS:
+            a = random_blocks(qtype, *a.shape, rng)
+        elif qtype is not None:
+            if arch == "llama" and kind in ("attn_q", "attn_k"):
+                a = llama_cpp_permute(a, 4, 4 if kind == "attn_q" else 2)
+            a = gguf.quants.quantize(a, qtype)
+        if qtype is not None:
+            raw[name] = qtype
+        tensors[name] = a
+    path = tmp_path_factory.mktemp("gguf") / f"{arch}.gguf"
+    write_gguf(path, arch, cfg, tensors, raw)
+    torch.manual_seed(0)
+    return path
+
+
+def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
+    """Every projection and the LM head of the exported graph become MatMulNBits terms of the file's
+    own blocks: probed through ONNX Runtime, each equals the file's weight bit for bit (llama's q/k
+    in the un-permuted order the model uses), and the graph's logits are the fp32 model's."""
+    import torch
+    from test_onnx import assert_step_close, prefill
+
+    from trtspec.engines.onnxruntime_engine import OrtEngine
+    from trtspec.engines.quantize import quantize_onnx
+    from trtspec.engines.torch_engine import TorchEngine
+    from trtspec.export.checkpoint import load_decoder
+    from trtspec.export.onnx_export import export_onnx
+
+    model = load_decoder(tiny_gguf)
+    fp32 = export_onnx(model, tmp_path / "m.onnx")
+    rec = quantize_onnx(fp32, tmp_path / "q.onnx", "gguf", "fp32", tiny_gguf)
+    assert rec["matmuls_quantized"] == rec["matmuls_total"] == 2 * 7 + 1
+    assert rec["block_types"] == {"Q4_K": 2, "Q5_K": 2, "Q6_K": 3, "Q8_0": 2, "Q4_0": 2, "Q4_1": 2, "Q5_0": 1,
+                                  "Q5_1": 1}
+    graph = onnx.load(str(tmp_path / "q.onnx"))
+    weights = {i.name for i in graph.graph.initializer}
+    assert not [n for n in graph.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+                and not n.name.startswith("gguf/")]
+    res = gguf_blocks.probe(tmp_path / "q.onnx", tiny_gguf)
+    assert len(res) == 15 and all(res.values()), res
+    assert gguf_blocks.main([str(tmp_path / "q.onnx"), str(tiny_gguf)]) == 0
+
+    engines = TorchEngine(model), OrtEngine(tmp_path / "q.onnx", model.spec, intra_op_threads=1)
+    caches = [e.new_cache(32) for e in engines]
+    gen = torch.Generator().manual_seed(2)
+    for args in (prefill(gen, 0, 9), prefill(gen, 9, 1)):
+        a, b = (e.step(c, *args) for e, c in zip(engines, caches))
+        assert_step_close(b, a, 1e-4)
+        for c in caches:
+            c.advance(args[0].shape[0])
+            c.commit(range(args[0].shape[0]))
+
+
+def test_the_probe_catches_a_changed_weight(tiny_gguf, tmp_path):
+    """The probe can fail: one scale moved by one ulp in the built graph is reported."""
+    from onnx import numpy_helper
+
+    from trtspec.engines.quantize import quantize_onnx
+    from trtspec.export.checkpoint import load_decoder
+    from trtspec.export.onnx_export import export_onnx
+
+    fp32 = export_onnx(load_decoder(tiny_gguf), tmp_path / "m.onnx")
+    quantize_onnx(fp32, tmp_path / "q.onnx", "gguf", "fp32", tiny_gguf)
+    graph = onnx.load(str(tmp_path / "q.onnx"))
+    init = next(i for i in graph.graph.initializer if i.name.endswith("/scale0") and "attn_v" in i.name)
+    a = numpy_helper.to_array(init).copy()
+    a.flat[0] = np.nextafter(a.flat[0], np.float32(np.inf))
+    init.CopyFrom(numpy_helper.from_array(a, init.name))
+    onnx.save(graph, str(tmp_path / "bad.onnx"))
+    res = gguf_blocks.probe(tmp_path / "bad.onnx", tiny_gguf)
+    assert [g for g, ok in res.items() if not ok] == [g for g in res if "blk.0.attn_v" in g]
+    assert gguf_blocks.main([str(tmp_path / "bad.onnx"), str(tiny_gguf)]) == 1

@@ -1,0 +1,354 @@
+"""The GGUF's own quantized blocks as ONNX Runtime MatMulNBits weights, exactly (`quantize: gguf`).
+
+Every block type a GGUF mixes in stores, per block of 16 or 32 weights along K, small integer codes
+q, a scale s and (K-quants, Q4_1/Q5_1) an offset c:  w = s * q + c,  with s * q exact in fp32 (at
+most 11 + 8 + 6 significant bits) and one rounding for "+ c"; that is what `gguf.quants.dequantize`
+computes. MatMulNBits computes (q - z) * s with 4-bit codes and integer zero points z. So:
+
+- codes wider than 4 bits (Q5_*, Q6_K, Q8_0) are split into nibbles, q - z = (lo - z_lo) + 16 (hi - z_hi):
+  one 4-bit MatMulNBits per nibble, the high one with scale 16 s (exact), their outputs added;
+- the offset c becomes a second, small product: the block sums of the activations (Reshape +
+  ReduceSum) times the [K / block, N] matrix of offsets, added last.
+
+With a one-hot activation row this graph returns s * q + c rounded once, i.e. the GGUF's weight bit
+for bit (tests/test_gguf_blocks.py probes the kernels with an identity matrix; `python -m
+trtspec.engines.gguf_blocks FOLDER GGUF` does it for a built folder, every tensor). Float zero
+points, MatMulNBits' own way to carry an offset, are 75x slower on CPU (they fall back to
+dequantizing the whole weight every call), and 8-bit codes with fp32 activations take another slow
+path, hence nibbles. MatMuls whose weight is F32/F16/BF16 or another block type stay fp32 (exact).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PREFIX = "gguf/"          # node and initializer names of a replaced MatMul: gguf/<tensor>/...
+
+
+@dataclass
+class Blocks:
+    """w[n, k] = scale[n, k // block] * codes[n, k] + offset[n, k // block] (offset may be None)."""
+    codes: np.ndarray            # int16 [N, K], zero point already subtracted
+    scale: np.ndarray            # float32 [N, K // block]
+    offset: np.ndarray | None    # float32 [N, K // block]
+    block: int
+    low: int                     # the smallest code the type can store (-z)
+    bits: int                    # codes - low fit in this many bits
+
+    def dequantize(self) -> np.ndarray:
+        s = np.repeat(self.scale, self.block, axis=1)
+        w = s * self.codes.astype(np.float32)
+        return w + np.repeat(self.offset, self.block, axis=1) if self.offset is not None else w
+
+    def rows(self, perm: np.ndarray) -> Blocks:
+        return Blocks(self.codes[perm], self.scale[perm], None if self.offset is None else self.offset[perm],
+                      self.block, self.low, self.bits)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)[:, 0]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """[n, m] bytes -> [n, 2m]: the low nibbles, then the high ones (every GGUF 4-bit layout)."""
+    return np.concatenate([qs & 15, qs >> 4], axis=1)
+
+
+def _legacy(blocks: np.ndarray, has_min: bool, five: bool, eight: bool):
+    at = 2
+    d = _f16(blocks[:, 0:2])
+    m = None
+    if has_min:
+        m, at = _f16(blocks[:, 2:4]), 4
+    if eight:
+        return blocks[:, at:at + 32].view(np.int8).astype(np.int16), d, m
+    hbits = None
+    if five:
+        hbits = (np.ascontiguousarray(blocks[:, at:at + 4]).view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+        at += 4
+    q = _nibbles(blocks[:, at:at + 16]).astype(np.int16)
+    if five:
+        q |= hbits.astype(np.int16) << 4
+    return q, d, m
+
+
+def _k_scales(blocks: np.ndarray):
+    from gguf.quants import Q4_K
+    d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+    return d[:, None] * sc.astype(np.float32), -(dmin[:, None] * m.astype(np.float32))
+
+
+def decode(raw: np.ndarray, qtype, shape: tuple[int, int]) -> Blocks | None:
+    """The blocks of one GGUF tensor (raw bytes [N, row bytes], shape (N, K)), or None for a type we
+    keep dense."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    if qtype not in _layout():
+        return None
+    n, k = shape
+    per, size = GGML_QUANT_SIZES[qtype]
+    b = np.ascontiguousarray(raw).reshape(n * (k // per), size)
+    block, low, bits = _layout()[qtype]
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
+        q, d, m = _legacy(b, qtype in (Q.Q4_1, Q.Q5_1), qtype in (Q.Q5_0, Q.Q5_1), qtype == Q.Q8_0)
+        scale, offset = d[:, None], (None if m is None else m[:, None])
+        q = q + low if qtype in (Q.Q4_0, Q.Q5_0) else q
+    elif qtype in (Q.Q4_K, Q.Q5_K):
+        scale, offset = _k_scales(b)
+        qs = b[:, 16:144] if qtype == Q.Q4_K else b[:, 48:176]
+        q = np.concatenate([_nibbles(c) for c in np.split(qs, 4, axis=1)], axis=1).astype(np.int16)
+        if qtype == Q.Q5_K:
+            qh = b[:, 16:48]
+            q |= np.concatenate([((qh >> i) & 1).astype(np.int16) << 4 for i in range(8)], axis=1)
+    else:  # Q6_K: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, fp16 d
+        ql, qh = b[:, 0:128], b[:, 128:192]
+        lo = np.concatenate([_nibbles(c) for c in np.split(ql, 2, axis=1)], axis=1)
+        hi = np.concatenate([(h >> s) & 3 for h in np.split(qh, 2, axis=1) for s in (0, 2, 4, 6)], axis=1)
+        q = (lo | (hi << 4)).astype(np.int16) + low
+        scale, offset = _f16(b[:, 208:210])[:, None] * b[:, 192:208].view(np.int8).astype(np.float32), None
+    nb = k // block
+    return Blocks(q.reshape(n, k), scale.reshape(n, nb).astype(np.float32),
+                  None if offset is None else offset.reshape(n, nb).astype(np.float32), block, low, bits)
+
+
+@functools.lru_cache(maxsize=1)
+def _layout() -> dict:
+    """(block, lowest code, code bits) per block type; gguf is imported on first use only."""
+    from gguf import GGMLQuantizationType as Q
+    return {Q.Q4_0: (32, -8, 4), Q.Q4_1: (32, 0, 4), Q.Q5_0: (32, -16, 5), Q.Q5_1: (32, 0, 5),
+            Q.Q8_0: (32, -128, 8), Q.Q4_K: (32, 0, 4), Q.Q5_K: (32, 0, 5), Q.Q6_K: (16, -32, 6)}
+
+
+# ---- ONNX ------------------------------------------------------------------------------------------
+
+def _pack4(v: np.ndarray) -> np.ndarray:
+    """[N, M] values 0..15 -> [N, ceil(M / 2)] bytes, element 2i in the low nibble."""
+    if v.shape[1] % 2:
+        v = np.pad(v, ((0, 0), (0, 1)))
+    return (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8)
+
+
+def terms(bl: Blocks) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """MatMulNBits (B, scales, zero points) per nibble of the codes, low nibble first."""
+    n, k = bl.codes.shape
+    nb = k // bl.block
+    u = (bl.codes.astype(np.int32) - bl.low).astype(np.uint8)
+    z = -bl.low
+    out = []
+    for i in range((bl.bits + 3) // 4):
+        part = (u >> (4 * i)) & 15
+        b = _pack4(part).reshape(n, nb, bl.block // 2)
+        zp = _pack4(np.full((n, nb), (z >> (4 * i)) & 15, dtype=np.uint8)).reshape(-1)
+        out.append((b, (bl.scale * np.float32(16 ** i)).astype(np.float32), zp))
+    return out
+
+
+def matmul_nodes(name: str, x: str, y: str, bl: Blocks, accuracy_level: int):
+    """Nodes and initializers computing y = x @ w.T for the GGUF weight w [N, K] held by `bl`."""
+    from onnx import helper, numpy_helper
+
+    n, k = bl.codes.shape
+    p = f"{PREFIX}{name}/"
+    nodes, inits, outs = [], [], []
+    for i, (b, s, zp) in enumerate(terms(bl)):
+        names = [f"{p}q{i}", f"{p}scale{i}", f"{p}zero{i}"]
+        inits += [numpy_helper.from_array(a, nm) for a, nm in zip((b, s, zp), names)]
+        outs.append(f"{p}term{i}")
+        nodes.append(helper.make_node("MatMulNBits", [x] + names, [outs[-1]], name=f"{p}term{i}",
+                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=bl.block,
+                                      accuracy_level=accuracy_level))
+    acc = outs[0]
+    for i in range(1, len(outs)):
+        nodes.append(helper.make_node("Add", [acc, outs[i]], [f"{p}sum{i}"], name=f"{p}sum{i}"))
+        acc = f"{p}sum{i}"
+    if bl.offset is not None:
+        nb = k // bl.block
+        inits += [numpy_helper.from_array(np.array([0, 0, nb, bl.block], dtype=np.int64), f"{p}blocks"),
+                  numpy_helper.from_array(np.array([-1], dtype=np.int64), f"{p}last"),
+                  numpy_helper.from_array(np.ascontiguousarray(bl.offset.T), f"{p}offset")]
+        nodes += [helper.make_node("Reshape", [x, f"{p}blocks"], [f"{p}xb"], name=f"{p}xb"),
+                  helper.make_node("ReduceSum", [f"{p}xb", f"{p}last"], [f"{p}xsum"], keepdims=0,
+                                   name=f"{p}xsum"),
+                  helper.make_node("MatMul", [f"{p}xsum", f"{p}offset"], [f"{p}min"], name=f"{p}min"),
+                  helper.make_node("Add", [acc, f"{p}min"], [f"{p}out"], name=f"{p}out")]
+    nodes[-1].output[0] = y          # the replaced MatMul's output
+    return nodes, inits
+
+
+def _key(a: np.ndarray) -> tuple:
+    return a.shape, hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()
+
+
+def replace_matmuls(model, gguf_path: Path, accuracy_level: int) -> dict:
+    """Replace, in place, every MatMul of `model` (an fp32 step graph exported from this GGUF's
+    dequantized weights) whose constant weight is one of the GGUF's quantized tensors, found by
+    content; returns the manifest record's counts."""
+    from onnx import numpy_helper
+
+    from ..export.gguf_loader import (
+        GGUFFile,
+        _dequantize,
+        hf_name,
+        spec_from_gguf,
+        unpermute_rope,
+    )
+
+    inits = {i.name: i for i in model.graph.initializer}
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            users[i] = users.get(i, 0) + 1
+    by_key: dict[tuple, list] = {}
+    total = 0
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in inits and len(inits[node.input[1]].dims) == 2:
+            total += 1
+            by_key.setdefault(_key(numpy_helper.to_array(inits[node.input[1]])), []).append(node)
+
+    gf = GGUFFile(gguf_path)
+    spec = spec_from_gguf(gf)
+    permuted = spec.extra["gguf_arch"] == "llama"
+    found: dict[str, tuple] = {}                       # node name -> (gguf tensor, blocks)
+    for t in gf.tensors:
+        name = hf_name(t.name)
+        if t.qtype not in _layout() or name is None or len(t.shape) != 2:
+            continue
+        w = _dequantize(gf, t)
+        heads = spec.num_heads if ".q_proj." in name else spec.num_kv_heads if ".k_proj." in name else 0
+        perm = np.arange(w.shape[0])
+        if permuted and heads:
+            import torch
+            perm = unpermute_rope(torch.arange(w.shape[0]), heads).numpy()
+            w = w[perm]
+        nodes = by_key.get(_key(w.T))
+        if not nodes:
+            continue
+        bl = decode(gf.raw(t), t.qtype, tuple(t.shape)).rows(perm)
+        if not np.array_equal(bl.dequantize().view(np.uint32), w.view(np.uint32)):
+            raise RuntimeError(f"{gguf_path}: tensor {t.name} ({t.qtype.name}) decodes differently from "
+                               "gguf.quants.dequantize; this gguf release changed the format: report it")
+        for node in nodes:
+            found[node.name] = (t, bl)
+        del w
+
+    kept, counts = [], {}
+    for node in model.graph.node:
+        if node.name not in found:
+            kept.append(node)
+            continue
+        t, bl = found[node.name]
+        new, new_inits = matmul_nodes(f"{t.name}/{node.name}", node.input[0], node.output[0], bl, accuracy_level)
+        kept += new
+        model.graph.initializer.extend(new_inits)
+        counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        users[node.input[1]] -= 1
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    if counts and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        from onnx import helper
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    dead = {n for n, c in users.items() if c == 0 and n in inits}
+    keep = [i for i in model.graph.initializer if i.name not in dead]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(keep)
+    return {"matmuls_quantized": sum(counts.values()), "matmuls_total": total, "block_types": counts}
+
+
+# ---- verification: the engine's weights, probed through its kernels ----------------------------------
+
+def probe(model_path: Path, gguf_path: Path, only: set[str] | None = None) -> dict[str, bool]:
+    """For each GGUF tensor replaced in the graph at `model_path`: do the graph's MatMulNBits nodes
+    (run by ONNX Runtime at accuracy level 1 on an identity matrix, the terms added and the offsets
+    expanded as the graph does) give `gguf.quants.dequantize`'s weight, bit for bit?"""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    from ..export.gguf_loader import GGUFFile, _dequantize
+
+    model = onnx.load(str(model_path))
+    inits = {i.name: i for i in model.graph.initializer}
+    groups: dict[str, list] = {}
+    for node in model.graph.node:
+        if node.name.startswith(PREFIX) and node.op_type == "MatMulNBits":
+            groups.setdefault(node.name.rsplit("/", 1)[0], []).append(node)
+    gf = GGUFFile(gguf_path)
+    tensors = {t.name: t for t in gf.tensors}
+    out = {}
+    for group, nodes in groups.items():
+        tname = group[len(PREFIX):].split("/", 1)[0]
+        if only is not None and tname not in only:
+            continue
+        total = None
+        for node in sorted(nodes, key=lambda nd: nd.name):
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            attrs["accuracy_level"] = 1
+            k = attrs["K"]
+            g = helper.make_graph(
+                [helper.make_node("MatMulNBits", ["A"] + list(node.input[1:]), ["Y"], domain="com.microsoft",
+                                  **attrs)], "probe",
+                [helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, [k, k])],
+                [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [k, attrs["N"]])],
+                [inits[i] for i in node.input[1:]])
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+            sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+            y = sess.run(None, {"A": np.eye(k, dtype=np.float32)})[0].T       # [N, K]
+            total = y if total is None else total + y        # exact: every term and sum is representable
+        off = inits.get(f"{group}/offset")
+        if off is not None:
+            o = numpy_helper.to_array(off).T
+            total = total + np.repeat(o, k // o.shape[1], axis=1)
+        want = _dequantize(gf, tensors[tname])
+        ok = total.shape == want.shape and np.array_equal(_bits(total), _bits(want))
+        if not ok and gf_permuted(gf):     # llama q/k rows are un-permuted in the graph
+            ok = _permuted_equal(total, want, tname, gf)
+        out[group] = ok
+    return out
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """fp32 bit patterns, -0 read as +0 (gguf's -0 for a zero code under a negative scale is the
+    kernel's +0: the same weight in every product and sum)."""
+    return (a + np.float32(0)).view(np.uint32)
+
+
+def gf_permuted(gf) -> bool:
+    from ..export.gguf_loader import spec_from_gguf
+    return spec_from_gguf(gf).extra["gguf_arch"] == "llama"
+
+
+def _permuted_equal(total: np.ndarray, want: np.ndarray, tname: str, gf) -> bool:
+    import torch
+
+    from ..export.gguf_loader import spec_from_gguf, unpermute_rope
+    spec = spec_from_gguf(gf)
+    heads = spec.num_heads if ".attn_q." in tname else spec.num_kv_heads if ".attn_k." in tname else 0
+    if not heads:
+        return False
+    perm = unpermute_rope(torch.arange(want.shape[0]), heads).numpy()
+    return np.array_equal(_bits(total), _bits(want[perm]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m trtspec.engines.gguf_blocks MODEL.onnx FILE.gguf: probe every replaced weight."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m trtspec.engines.gguf_blocks MODEL.onnx FILE.gguf  (a `quantize: gguf` graph "
+              "and the GGUF it was built from)", file=sys.stderr)
+        return 2
+    res = probe(Path(argv[0]), Path(argv[1]))
+    bad = [g for g, ok in res.items() if not ok]
+    print(f"{len(res)} GGUF weights probed through ONNX Runtime's kernels: "
+          f"{len(res) - len(bad)} bit-exact, {len(bad)} not" + (": " + ", ".join(bad[:5]) if bad else ""))
+    return 1 if bad or not res else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
