@@ -54,7 +54,7 @@ def _ar(folder) -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def references(engines):
-    """`ar` of the fp32 torch folder (ONNX Runtime fp32 must match it) and of the int4 folder."""
+    """`ar` of the fp32 torch folder (ONNX Runtime fp32 must match it), of the int4 and of the gguf folder."""
     return {"fp32": _ar(engines["torch"]), "int4": _ar(engines["int4"]), "gguf": _ar(engines["gguf"])}
 
 
