@@ -12,10 +12,10 @@ computes. MatMulNBits computes (q - z) * s with 4-bit codes and integer zero poi
 
 With a one-hot activation row this graph returns s * q + c rounded once, i.e. the GGUF's weight bit
 for bit (tests/test_gguf_blocks.py probes the kernels with an identity matrix; `python -m
-trtspec.engines.gguf_blocks FOLDER GGUF` does it for a built folder, every tensor). Float zero
-points, MatMulNBits' own way to carry an offset, are 75x slower on CPU (they fall back to
-dequantizing the whole weight every call), and 8-bit codes with fp32 activations take another slow
-path, hence nibbles. MatMuls whose weight is F32/F16/BF16 or another block type stay fp32 (exact).
+trtspec.engines.gguf_blocks GRAPH FILE.gguf` does it for a built graph, every tensor). Float zero
+points, MatMulNBits' own way to carry an offset, run 75x slower on this CPU (23 ms against 0.3 ms for
+a one-row 1536 x 8960 product), and 8-bit codes with fp32 activations take another slow path, hence
+nibbles. MatMuls whose weight is F32/F16/BF16 or another block type stay fp32 (exact).
 """
 from __future__ import annotations
 
@@ -192,13 +192,7 @@ def replace_matmuls(model, gguf_path: Path, accuracy_level: int) -> dict:
     content; returns the manifest record's counts."""
     from onnx import numpy_helper
 
-    from ..export.gguf_loader import (
-        GGUFFile,
-        _dequantize,
-        hf_name,
-        spec_from_gguf,
-        unpermute_rope,
-    )
+    from ..export.gguf_loader import GGUFFile, _dequantize, hf_name, spec_from_gguf
 
     inits = {i.name: i for i in model.graph.initializer}
     users: dict[str, int] = {}
@@ -214,19 +208,12 @@ def replace_matmuls(model, gguf_path: Path, accuracy_level: int) -> dict:
 
     gf = GGUFFile(gguf_path)
     spec = spec_from_gguf(gf)
-    permuted = spec.extra["gguf_arch"] == "llama"
     found: dict[str, tuple] = {}                       # node name -> (gguf tensor, blocks)
     for t in gf.tensors:
-        name = hf_name(t.name)
-        if t.qtype not in _layout() or name is None or len(t.shape) != 2:
+        if t.qtype not in _layout() or hf_name(t.name) is None or len(t.shape) != 2:
             continue
-        w = _dequantize(gf, t)
-        heads = spec.num_heads if ".q_proj." in name else spec.num_kv_heads if ".k_proj." in name else 0
-        perm = np.arange(w.shape[0])
-        if permuted and heads:
-            import torch
-            perm = unpermute_rope(torch.arange(w.shape[0]), heads).numpy()
-            w = w[perm]
+        perm = _row_order(spec, t.name, t.shape[0])
+        w = _dequantize(gf, t)[perm]
         nodes = by_key.get(_key(w.T))
         if not nodes:
             continue
@@ -261,9 +248,21 @@ def replace_matmuls(model, gguf_path: Path, accuracy_level: int) -> dict:
     return {"matmuls_quantized": sum(counts.values()), "matmuls_total": total, "block_types": counts}
 
 
+def _row_order(spec, tensor: str, rows: int) -> np.ndarray:
+    """A GGUF tensor's rows in the model's order: llama.cpp's converter permutes llama's q/k rows
+    (gguf_loader.unpermute_rope undoes it, as the loader does); every other tensor keeps its order."""
+    import torch
+
+    from ..export.gguf_loader import unpermute_rope
+    heads = spec.num_heads if ".attn_q." in tensor else spec.num_kv_heads if ".attn_k." in tensor else 0
+    if spec.extra["gguf_arch"] != "llama" or not heads:
+        return np.arange(rows)
+    return unpermute_rope(torch.arange(rows), heads).numpy()
+
+
 # ---- verification: the engine's weights, probed through its kernels ----------------------------------
 
-def probe(model_path: Path, gguf_path: Path, only: set[str] | None = None) -> dict[str, bool]:
+def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
     """For each GGUF tensor replaced in the graph at `model_path`: do the graph's MatMulNBits nodes
     (run by ONNX Runtime at accuracy level 1 on an identity matrix, the terms added and the offsets
     expanded as the graph does) give `gguf.quants.dequantize`'s weight, bit for bit?"""
@@ -271,7 +270,7 @@ def probe(model_path: Path, gguf_path: Path, only: set[str] | None = None) -> di
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
-    from ..export.gguf_loader import GGUFFile, _dequantize
+    from ..export.gguf_loader import GGUFFile, _dequantize, spec_from_gguf
 
     model = onnx.load(str(model_path))
     inits = {i.name: i for i in model.graph.initializer}
@@ -280,12 +279,11 @@ def probe(model_path: Path, gguf_path: Path, only: set[str] | None = None) -> di
         if node.name.startswith(PREFIX) and node.op_type == "MatMulNBits":
             groups.setdefault(node.name.rsplit("/", 1)[0], []).append(node)
     gf = GGUFFile(gguf_path)
+    spec = spec_from_gguf(gf)
     tensors = {t.name: t for t in gf.tensors}
     out = {}
     for group, nodes in groups.items():
         tname = group[len(PREFIX):].split("/", 1)[0]
-        if only is not None and tname not in only:
-            continue
         total = None
         for node in sorted(nodes, key=lambda nd: nd.name):
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -305,11 +303,9 @@ def probe(model_path: Path, gguf_path: Path, only: set[str] | None = None) -> di
         if off is not None:
             o = numpy_helper.to_array(off).T
             total = total + np.repeat(o, k // o.shape[1], axis=1)
-        want = _dequantize(gf, tensors[tname])
-        ok = total.shape == want.shape and np.array_equal(_bits(total), _bits(want))
-        if not ok and gf_permuted(gf):     # llama q/k rows are un-permuted in the graph
-            ok = _permuted_equal(total, want, tname, gf)
-        out[group] = ok
+        t = tensors[tname]
+        want = _dequantize(gf, t)[_row_order(spec, tname, t.shape[0])]
+        out[group] = total.shape == want.shape and np.array_equal(_bits(total), _bits(want))
     return out
 
 
@@ -317,23 +313,6 @@ def _bits(a: np.ndarray) -> np.ndarray:
     """fp32 bit patterns, -0 read as +0 (gguf's -0 for a zero code under a negative scale is the
     kernel's +0: the same weight in every product and sum)."""
     return (a + np.float32(0)).view(np.uint32)
-
-
-def gf_permuted(gf) -> bool:
-    from ..export.gguf_loader import spec_from_gguf
-    return spec_from_gguf(gf).extra["gguf_arch"] == "llama"
-
-
-def _permuted_equal(total: np.ndarray, want: np.ndarray, tname: str, gf) -> bool:
-    import torch
-
-    from ..export.gguf_loader import spec_from_gguf, unpermute_rope
-    spec = spec_from_gguf(gf)
-    heads = spec.num_heads if ".attn_q." in tname else spec.num_kv_heads if ".attn_k." in tname else 0
-    if not heads:
-        return False
-    perm = unpermute_rope(torch.arange(want.shape[0]), heads).numpy()
-    return np.array_equal(_bits(total), _bits(want[perm]))
 
 
 def main(argv: list[str] | None = None) -> int:
