@@ -57,7 +57,7 @@ class _Step(nn.Module):
         return (logits, *new_kv)
 
 
-def _sample_inputs(model: Decoder, dtype: torch.dtype):
+def _sample_inputs(model: Decoder):
     # Sizes >= 2 and pairwise distinct (B=2, T=3, C=5, R=4), so torch.export neither specialises a
     # dim to 0/1 nor unifies two dims that merely happen to be equal in the example.
     s, b, t, c = model.spec, 2, 3, 5
@@ -110,7 +110,7 @@ def save_graph(proto: onnx.ModelProto, path: Path, external: bool) -> None:
                     location=data_file(path).name, size_threshold=1024)
 
 
-def _fix_interface(path: Path, model: Decoder, dtype: torch.dtype) -> None:
+def _fix_interface(path: Path, model: Decoder) -> None:
     """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
     reject non-standard domains. Loads only the graph, so external weights are untouched."""
     s = model.spec
@@ -179,7 +179,7 @@ def export_onnx(model: Decoder, path: str | os.PathLike, opset: int = 18, export
     remove_graph(path)                   # never leave an old weight file behind
 
     step = _Step(model.eval()).eval()
-    args = _sample_inputs(model, dtype)
+    args = _sample_inputs(model)
     t0 = time.perf_counter()
     with torch.no_grad(), _quiet_exporter():
         if exporter == "dynamo":
@@ -191,7 +191,7 @@ def export_onnx(model: Decoder, path: str | os.PathLike, opset: int = 18, export
                 exporter = "torchscript"
         if exporter == "torchscript":
             _export_torchscript(step, args, path, opset, external_data)
-    _fix_interface(path, model, dtype)
+    _fix_interface(path, model)
     onnx.checker.check_model(str(path), full_check=False)  # path-based: works with external data
     log.info("exported %s with the %s exporter in %.1fs", path, exporter, time.perf_counter() - t0)
     return path

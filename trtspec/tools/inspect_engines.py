@@ -60,9 +60,14 @@ def describe(folder: Path) -> list[str]:
 def random_step(spec_vocab: int, n_prompt: int = 24, n_tree: int = 9, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, spec_vocab, (n_prompt,), generator=gen).tolist()
-    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n_tree)])
+    parents = _random_parents(gen, n_tree)
     tree = TokenTree(torch.randint(0, spec_vocab, (n_tree,), generator=gen), parents)
     return prompt, tree
+
+
+def _random_parents(gen: torch.Generator, n: int) -> list[int]:
+    """A random single-root tree in topological order: node i hangs off one of nodes 0..i-1."""
+    return [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, n)]
 
 
 def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> list[str]:
@@ -134,7 +139,7 @@ def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 
     plan = []
     for _ in range(trees):
         n = int(torch.randint(2, 17, (1,), generator=gen))
-        parents = [-1] + [int(torch.randint(0, k, (1,), generator=gen)) for k in range(1, n)]
+        parents = _random_parents(gen, n)
         plan.append((int(torch.randint(16, longest + 1, (1,), generator=gen)),
                      TokenTree(torch.randint(0, vocab, (n,), generator=gen), parents)))
     plan.sort(key=lambda p: -p[0])
@@ -145,12 +150,20 @@ def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 
     for length, tree in tqdm(plan, desc=progress, unit="tree", disable=progress is None):
         runner.cache.rewind(length, 0)
         tree_logits = drive(runner.verify(tree)).float().clone()
-        for node in _preorder(tree):
-            runner.cache.rewind(length, int(tree.host_depth[node]))
-            row = drive(runner.extend([int(tree.host_tokens[node])])).reshape(-1, vocab)[-1].float()
+        for node, row in _one_token_rows(runner, tree, length):
             d = float((row - tree_logits[node]).abs().max())
             worst, differ, nodes = max(worst, d), differ + (d > 0), nodes + 1
     return differ, nodes, worst
+
+
+def _one_token_rows(runner: ModelRunner, tree: TokenTree, length: int):
+    """(node, logits) for every node of `tree` with its path fed one token per forward after `length`
+    committed rows (what `ar` computes): depth first, so each node costs one forward over the rows its
+    ancestors just wrote. A row is valid until the next forward."""
+    for node in _preorder(tree):
+        runner.cache.rewind(length, int(tree.host_depth[node]))
+        logits = drive(runner.extend([int(tree.host_tokens[node])]))
+        yield node, logits.reshape(-1, logits.shape[-1])[-1].float()
 
 
 def _preorder(tree: TokenTree) -> list[int]:
@@ -165,11 +178,7 @@ def _preorder(tree: TokenTree) -> list[int]:
 def _invariance(runner: ModelRunner, tree: TokenTree, tree_logits: torch.Tensor) -> str:
     """Each node's row of a tree forward vs its path fed one token per forward (what `ar` computes)."""
     worst, same = 0.0, 0
-    for node in range(len(tree)):
-        runner.cache.rollback()
-        for tok in tree.host_tokens[tree.path(node)].tolist():
-            logits = drive(runner.extend([tok]))
-        row = logits.reshape(-1, logits.shape[-1])[-1].float()
+    for node, row in _one_token_rows(runner, tree, runner.cache.length):
         worst = max(worst, float((row - tree_logits[node]).abs().max()))
         same += int(row.argmax() == tree_logits[node].argmax())
     runner.cache.rollback()
