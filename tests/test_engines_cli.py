@@ -261,6 +261,9 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     assert res.exit_code == 0, res.output
     line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
     assert " 0 of " in line and line.endswith("bit-identical"), line
+    alone = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--trees", "3"])
+    assert alone.exit_code == 2 and "--trees goes with --compare" in alone.output
+    assert "engine folder" not in alone.output                         # refused before any work
 
     gen = load_generator(folder)
     assert gen.target_engine.kv_dtype == torch.float64

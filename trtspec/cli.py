@@ -271,6 +271,8 @@ def bench(**options) -> None:
 def inspect(engines_dir: str, compare: bool, trees: int | None, role: str, measure_costs: bool,
             threads: int | None) -> None:
     """Show an engine folder's models, artifacts, versions (verifying every hash) and step costs."""
+    if trees and not compare:
+        raise click.UsageError("--trees goes with --compare")
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe
     if measure_costs:
@@ -278,8 +280,6 @@ def inspect(engines_dir: str, compare: bool, trees: int | None, role: str, measu
         measure(Path(engines_dir), threads=threads, log=lambda m: click.echo(m, err=True))
     for line in describe(Path(engines_dir)):
         click.echo(line)
-    if trees and not compare:
-        raise click.UsageError("--trees goes with --compare")
     if compare:
         for line in run_compare(Path(engines_dir), role):
             click.echo(line)
