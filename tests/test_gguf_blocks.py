@@ -68,16 +68,6 @@ def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype):
     np.testing.assert_allclose(run_nodes(nodes, inits, x)[0], x[0] @ want.T, rtol=1e-4, atol=1e-4)
 
 
-def test_a_decoding_that_disagrees_with_gguf_is_caught():
-    """The build refuses a tensor whose decoded blocks are not gguf's weights (a changed format): the
-    check compares bits, so one flipped scale is enough."""
-    rng = np.random.default_rng(1)
-    raw = random_blocks(Q.Q4_K, 4, 256, rng)
-    bl = gguf_blocks.decode(raw, Q.Q4_K, (4, 256))
-    bl.scale[0, 0] = np.nextafter(bl.scale[0, 0], np.float32(1))
-    assert not np.array_equal(bl.dequantize(), gguf.quants.dequantize(raw, Q.Q4_K))
-
-
 def test_types_kept_dense_are_none():
     assert gguf_blocks.decode(np.zeros((2, 64), np.uint8), Q.F16, (2, 32)) is None
 
@@ -174,3 +164,25 @@ def test_the_probe_catches_a_changed_weight(tiny_gguf, tmp_path):
     res = gguf_blocks.probe(tmp_path / "bad.onnx", tiny_gguf)
     assert [g for g, ok in res.items() if not ok] == [g for g in res if "blk.0.attn_v" in g]
     assert gguf_blocks.main([str(tmp_path / "bad.onnx"), str(tiny_gguf)]) == 1
+
+
+def test_a_build_refuses_blocks_that_decode_differently(tiny_gguf, tmp_path, monkeypatch):
+    """If the decoded blocks ever stop being gguf's weights (a format change), the build stops with one
+    error naming the tensor instead of writing a graph with other weights: one scale a ulp off is enough."""
+    import onnx as _onnx
+
+    from trtspec.export.checkpoint import load_decoder
+    from trtspec.export.onnx_export import export_onnx
+
+    fp32 = export_onnx(load_decoder(tiny_gguf), tmp_path / "m.onnx")
+    real = gguf_blocks.decode
+
+    def off_by_one_ulp(raw, qtype, shape):
+        bl = real(raw, qtype, shape)
+        if bl is not None and qtype == Q.Q6_K:
+            bl.scale[0, 0] = np.nextafter(bl.scale[0, 0], np.float32(np.inf))
+        return bl
+
+    monkeypatch.setattr(gguf_blocks, "decode", off_by_one_ulp)
+    with pytest.raises(RuntimeError, match=r"tensor \S+ \(Q6_K\) decodes differently from gguf.quants.dequantize"):
+        gguf_blocks.replace_matmuls(_onnx.load(str(fp32)), tiny_gguf, accuracy_level=1)
