@@ -76,12 +76,9 @@ def make_pair(arch: str = "llama", vocab_size: int = 512, num_layers: int = 2, s
 @torch.no_grad()
 def reference_logits(model: Decoder, tokens: list[int]) -> torch.Tensor:
     """Logits [T, V] of a plain causal forward over `tokens`, no KV cache (the independent reference)."""
-    spec = model.spec
     t = len(tokens)
-    past = [torch.zeros(1, 0, spec.num_kv_heads, spec.head_dim, dtype=model.lm_head.weight.dtype)
-            for _ in range(2 * spec.num_layers)]
     logits, _ = model(torch.tensor([tokens], dtype=torch.int64), torch.arange(t)[None],
-                      torch.ones(1, t, t, dtype=torch.bool).tril_(), torch.arange(t)[None], past)
+                      torch.ones(1, t, t, dtype=torch.bool).tril_(), torch.arange(t)[None], model.zero_past())
     return logits[0]
 
 

@@ -97,7 +97,7 @@ def test_batched_step_equals_each_row_alone(pair, ort_folder, backend):
         for s in rows:
             a, b = pools[0].caches[s], pools[1].caches[s]
             assert (a.length, a.scratch) == (b.length, b.scratch)
-            torch.testing.assert_close(a.buf[:, :, : a.used], b.buf[:, :, : b.used], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(a.buf[:, :, :, : a.used], b.buf[:, :, :, : b.used], atol=1e-5, rtol=1e-4)
         if step % 2:
             for s in rows:
                 for pool in pools:
@@ -105,14 +105,15 @@ def test_batched_step_equals_each_row_alone(pair, ort_folder, backend):
     assert torch.equal(pools[0].buf[:, :, [1, 2]], untouched), "a slot outside the batch was written"
 
 
-def test_old_contract_folder_is_refused(ort_folder, tmp_path):
+@pytest.mark.parametrize("old", [1, 2])      # 1: no batch axis; 2: one [B, C, Hkv, D] KV tensor per layer
+def test_old_contract_folder_is_refused(ort_folder, tmp_path, old):
     import shutil
     eng = tmp_path / "old"
     shutil.copytree(ort_folder, eng)
     m = json.loads((eng / "manifest.json").read_text())
-    m["contract_version"] = 1
+    m["contract_version"] = old
     (eng / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(EngineError, match="step contract v1.*v2.*trtspec build"):
+    with pytest.raises(EngineError, match=f"step contract v{old}, this trtspec runs v3; rebuild it: trtspec build"):
         verify(eng)
 
 
@@ -297,11 +298,11 @@ def test_batch_staging_recopies_only_changed_rows():
         st.copied_rows = 0
         out = st.past(cs, c)
         for b, cache in enumerate(cs):     # every row's written rows, whatever was copied
-            assert torch.equal(out[:, b, :cache.used], cache.buf[:, :, :cache.used].flatten(0, 1))
+            assert torch.equal(out[:, b, :cache.used], torch.stack([blk[:cache.used] for blk in cache.blocks]))
         return st.copied_rows
 
     def step(cs, t):                       # what an engine does after its run
-        st.scatter(cs, torch.randn(2 * spec.num_layers, len(cs), t, 2, 16))
+        st.scatter(cs, torch.randn(2 * spec.num_layers * 2, len(cs), t, 16))
         for cache in cs:
             cache.advance(t)
 
@@ -314,7 +315,7 @@ def test_batch_staging_recopies_only_changed_rows():
     caches[2].rollback()
     assert past(caches, 128) == 2 + 3 + 0
     caches[2].reset()                      # the slot goes to a new request
-    pool.buf[:, :, 2, :10].normal_()
+    pool.buf[:, :, 2, :, :10].normal_()
     caches[2].length = 10
     assert past(caches, 128) == 10
     assert past(caches, 192) == 52 + 73 + 10                     # another layout

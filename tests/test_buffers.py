@@ -37,9 +37,9 @@ def test_buffers_allocated_once_and_reused(gen, llama_pair):
     spec = llama_pair.spec
     before = snapshot(gen)
     head = gen.batchers["target"].headroom                   # padded batch rows spill past capacity
-    assert before["target.kv"][2] == (spec.num_layers, 2, len(gen.slots), CAPACITY + head, spec.num_kv_heads,
-                                      spec.head_dim)
-    assert before["draft.kv"][2][3] == CAPACITY + head
+    assert before["target.kv"][2] == (spec.num_layers, 2, len(gen.slots), spec.num_kv_heads,
+                                      CAPACITY + head, spec.head_dim)
+    assert before["draft.kv"][2][4] == CAPACITY + head
 
     prompt = [3, 17, 99, 250, 3, 17, 99]
     t1 = SamplingParams(temperature=1.0)
@@ -101,7 +101,8 @@ def test_prompt_alone_over_capacity(llama_pair):
 def test_kv_cache_slots_capacity_error():
     cache = KVPool(tiny_spec(num_layers=1, hidden_size=32), 1, capacity=8, dtype=torch.float32).caches[0]
     cache.advance(6)
-    assert len(cache.slots(2)) == 2
+    views = cache.slots(2)                 # one [2, D] view per (key/value, KV head) of the layer
+    assert len(views) == 2 * cache.spec.num_kv_heads and all(v.shape == (2, cache.spec.head_dim) for v in views)
     with pytest.raises(CapacityError, match=r"needs 9 KV rows but the cache holds 8"):
         cache.slots(3)
 

@@ -77,14 +77,14 @@ def ref_argmax(pair, st: DecodeState, toks: list[int]) -> int:
 def fresh_kv(pair, tokens: list[int]) -> torch.Tensor:
     r = ModelRunner.alone(pair.draft_engine, CAP)
     drive(r.prefill(tokens))
-    return r.cache.buf[:, :, : r.cache.length].clone()
+    return r.cache.buf[:, :, :, : r.cache.length].clone()
 
 
 def assert_cache_is_prefill(pair, runner: ModelRunner, tokens: list[int]) -> None:
     c = runner.cache
     assert c.scratch == 0
     assert c.length == len(tokens)
-    torch.testing.assert_close(c.buf[:, :, : c.length], fresh_kv(pair, tokens), atol=ATOL, rtol=1e-4)
+    torch.testing.assert_close(c.buf[:, :, :, : c.length], fresh_kv(pair, tokens), atol=ATOL, rtol=1e-4)
 
 
 def assert_probs_match_reference(pair, st: DecodeState, tree: DraftTree) -> int:
@@ -266,7 +266,7 @@ def patch_step_checks(strat, monkeypatch) -> list[tuple[int, int]]:
             assert 1 <= lag <= len(emitted), f"draft cache lag {lag} after emitting {len(emitted)}"
         ref = ModelRunner.alone(st.draft.engine, CAP)
         drive(ref.prefill(seq[: c.length]))
-        torch.testing.assert_close(c.buf[:, :, : c.length], ref.cache.buf[:, :, : c.length], atol=ATOL, rtol=1e-4)
+        torch.testing.assert_close(c.buf[:, :, :, : c.length], ref.cache.buf[:, :, :, : c.length], atol=ATOL, rtol=1e-4)
         lags.append((lag, len(emitted)))
         return emitted
 

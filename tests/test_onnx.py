@@ -105,34 +105,47 @@ def test_export_graph_is_standard_onnx(exported, arch):
     assert not proto.functions
     assert {n.domain for n in proto.graph.node} <= {"", "ai.onnx"}
     assert all(o.domain in ("", "ai.onnx") for o in proto.opset_import)
-    ins, outs = io_names(model.spec.num_layers)
+    ins, outs = io_names(model.spec.num_layers, model.spec.num_kv_heads)
     assert [v.name for v in proto.graph.input] == ins and [v.name for v in proto.graph.output] == outs
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
             for v in [*proto.graph.input, *proto.graph.output]}
     assert dims["attn_mask"] == ["batch", "new_tokens", "total_len"]
-    assert dims["past_key.1"] == ["batch", "past_len", 2, 16] and dims["new_value.0"] == ["batch", "new_tokens", 2, 16]
+    assert dims["past_key.1.1"] == ["batch", "past_len", 16] and dims["new_value.0.0"] == ["batch", "new_tokens", 16]
+    assert len(ins) == 4 + 2 * model.spec.num_layers * model.spec.num_kv_heads
     assert dims["logits"] == ["batch", "logit_rows", 97]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_attention_reads_the_past_where_it_lies(exported, arch):
-    """No Concat (or Expand/Tile) in the graph copies a layer's past: through layout-only ops, every
-    past_* input reaches only MatMuls (a cat of past and new rows copied the whole past each step)."""
-    _, path = exported(arch)
-    graph = onnx.load(str(path)).graph
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    layout = {"Transpose", "Reshape", "Cast", "Identity", "Squeeze", "Unsqueeze"}
-    for past in [v.name for v in graph.input if v.name.startswith("past_")]:
-        frontier, reached = [past], set()
-        while frontier:
-            for node in consumers.get(frontier.pop(), []):
-                reached.add(node.op_type)
-                if node.op_type in layout:
-                    frontier += list(node.output)
-        assert reached and reached <= layout | {"MatMul", "Shape"}, f"{past} reaches {sorted(reached)}"
+@pytest.mark.parametrize("exact", [False, True])
+def test_attention_reads_the_past_where_it_lies_as_it_lies(arch, exact, tmp_path):
+    """Every past_* input (one per layer and KV head, contract v3) goes straight into a product: no
+    Concat copies it (a cat of past and new rows copied the whole past each step) and no Transpose
+    copies it (contract v2's [B, C, Hkv, D] layout made the graph transpose every layer's past every
+    step). The exported graph may only swap a key block's last two axes for the product it feeds (a
+    transposed operand), which ONNX Runtime's optimizer folds into FusedMatMul: in the graph the
+    engine runs, every past_* input is a product's operand. fp32 and fp64 (exact attention) alike."""
+    model = tiny_model(arch).exact_attention() if exact else tiny_model(arch)
+    path = export_onnx(model, tmp_path / "g.onnx", opset=18 if EXPORTER[arch] == "dynamo" else 17,
+                       exporter=EXPORTER[arch])
+    optimized = optimize_for_ort(path, tmp_path / "g.ort.onnx")
+    for graph, swap_ok in ((onnx.load(str(path)).graph, True), (onnx.load(str(optimized)).graph, False)):
+        consumers: dict[str, list] = {}
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+
+        def products(name: str, swap_ok: bool) -> bool:
+            nodes = [n for n in consumers.get(name, []) if n.op_type != "Shape"]
+            return bool(nodes) and all(
+                n.op_type in ("MatMul", "FusedMatMul")
+                or (swap_ok and n.op_type == "Transpose" and list(n.attribute[0].ints) == [0, 2, 1]
+                    and products(n.output[0], False))
+                for n in nodes)
+
+        pasts = [v.name for v in graph.input if v.name.startswith("past_")]
+        assert len(pasts) == 2 * model.spec.num_layers * model.spec.num_kv_heads
+        for past in pasts:
+            assert products(past, swap_ok), f"{past} goes into {[n.op_type for n in consumers.get(past, [])]}"
 
 
 # --- (b, d) ORT against torch, in place on the cache --------------------------------------------
@@ -179,16 +192,16 @@ def test_ort_writes_new_rows_into_cache_in_place(exported):
     cache = engine.new_cache(16)
     ptr, gen = cache.buf.data_ptr(), torch.Generator().manual_seed(2)
     with torch.no_grad():
-        ref = [kv[0] for kv in model(*[x[None] for x in prefill(gen, 0, 5)], [torch.zeros(1, 0, 2, 16)] * 4)[1]]
+        ref = [kv[0] for kv in model(*[x[None] for x in prefill(gen, 0, 5)], model.zero_past())[1]]
     gen.manual_seed(2)
     for step in range(4):  # same tokens as `ref` for the first step, then decodes
         t = 5 if step == 0 else 1
         engine.step(cache, *(prefill(gen, 0, 5) if step == 0 else prefill(gen, cache.used, 1)))
         cache.advance(t)                                   # an engine never moves the bookkeeping
         assert cache.buf.data_ptr() == ptr
-        assert cache.buf[:, :, cache.used - 1].abs().sum() > 0 and not cache.buf[:, :, cache.used:].any()
+        assert cache.buf[:, :, :, cache.used - 1].abs().sum() > 0 and not cache.buf[:, :, :, cache.used:].any()
     for i, kv in enumerate(ref):  # the prefill rows ORT wrote are the model's keys/values
-        torch.testing.assert_close(cache.buf[i // 2, i % 2, :5], kv, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(cache.blocks[i][:5], kv, atol=1e-5, rtol=1e-4)
 
 
 # --- (c) reduced precision ---------------------------------------------------------------------
@@ -208,10 +221,10 @@ def test_fp16_export_runs_on_ort_cpu(exported):
 
 def test_bf16_graph_on_ort_cpu_fails_clearly(tmp_path):
     spec = tiny_spec("llama")
-    ins, outs = io_names(spec.num_layers)
+    ins, outs = io_names(spec.num_layers, spec.num_kv_heads)
     bf16 = onnx.TensorProto.BFLOAT16
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Identity", ["past_key.0"], ["new_key.0"])], "g",
+        [onnx.helper.make_node("Identity", [ins[4]], [outs[1]])], "g",
         [onnx.helper.make_tensor_value_info(ins[4], bf16, ["past_len", 2, 16])],
         [onnx.helper.make_tensor_value_info(outs[1], bf16, ["past_len", 2, 16])])
     path = tmp_path / "bf16.onnx"

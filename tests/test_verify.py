@@ -153,17 +153,17 @@ def labelled_cache(length: int, scratch: int, capacity: int = 16) -> KVCache:
     """A cache whose row r holds the value r everywhere (plus a per-layer/kv offset)."""
     spec = tiny_spec(num_layers=2, hidden_size=32, num_heads=4, num_kv_heads=2)
     cache = KVPool(spec, 1, capacity, torch.float32).caches[0]
-    L, _, S, H, D = cache.buf.shape
-    rows = torch.arange(S, dtype=torch.float32).view(1, 1, S, 1, 1)
+    L, _, H, S, D = cache.buf.shape
+    rows = torch.arange(S, dtype=torch.float32).view(1, 1, 1, S, 1)
     offset = 1000 * torch.arange(L * 2, dtype=torch.float32).view(L, 2, 1, 1, 1)
-    cache.buf.copy_((rows + offset).expand(L, 2, S, H, D))
+    cache.buf.copy_((rows + offset).expand(L, 2, H, S, D))
     cache.length = length
     cache.advance(scratch)
     return cache
 
 
 def row_labels(cache: KVCache) -> list[int]:
-    return cache.buf[0, 0, :, 0, 0].long().tolist()
+    return cache.buf[0, 0, 0, :, 0].long().tolist()
 
 
 def test_commit_non_prefix_rows_are_compacted():
@@ -173,15 +173,15 @@ def test_commit_non_prefix_rows_are_compacted():
     cache.commit([0, 2, 5])
     assert cache.length == 6 and cache.scratch == 0 and cache.used == 6
     # Committed prefix untouched; scratch rows 3+0, 3+2, 3+5 now sit at rows 3, 4, 5.
-    assert torch.equal(cache.buf[:, :, :3], before[:, :, :3])
-    assert torch.equal(cache.buf[:, :, 3:6], before[:, :, [3, 5, 8]])
+    assert torch.equal(cache.buf[:, :, :, :3], before[:, :, :, :3])
+    assert torch.equal(cache.buf[:, :, :, 3:6], before[:, :, :, [3, 5, 8]])
     assert row_labels(cache)[:6] == [0, 1, 2, 3, 5, 8]
     assert cache.buf.data_ptr() == ptr                 # compacted in place
     # Every layer and K/V plane moved the same way.
     L = cache.buf.shape[0]
     for l in range(L):
         for j in (0, 1):
-            assert cache.buf[l, j, 3:6, 0, 0].tolist() == [1000 * (2 * l + j) + r for r in (3, 5, 8)]
+            assert cache.buf[l, j, 1, 3:6, 0].tolist() == [1000 * (2 * l + j) + r for r in (3, 5, 8)]
 
 
 def test_commit_prefix_fast_path_does_not_write():
@@ -257,7 +257,7 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     drive(ref.prefill(prompt + [a, b]))
     n = ref.cache.length
     assert n == runner.cache.length
-    torch.testing.assert_close(runner.cache.buf[:, :, :n], ref.cache.buf[:, :, :n], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(runner.cache.buf[:, :, :, :n], ref.cache.buf[:, :, :, :n], rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------

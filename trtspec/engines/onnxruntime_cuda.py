@@ -15,7 +15,7 @@ import os
 import onnx
 import torch
 
-from ..export.onnx_export import io_names
+from ..export.contract import io_names
 from ..export.spec import ModelSpec
 from ..runtime.engine import Engine
 from ..runtime.kv_cache import KVCache
@@ -36,7 +36,7 @@ class OrtCudaGraphEngine(Engine):
         self.ort, self.spec, self.kv_dtype, self.device, self.device_id = ort, spec, kv_dtype, "cuda", device_id
         providers = [("CUDAExecutionProvider", {"device_id": device_id, "enable_cuda_graph": "1"})]
         self.session = ort.InferenceSession(str(onnx_path), providers=providers)
-        self.in_names, self.out_names = io_names(spec.num_layers)
+        self.in_names, self.out_names = io_names(spec.num_layers, spec.num_kv_heads)
         self.buckets: dict[tuple, tuple[StagedBucket, object, object]] = {}
 
     def close(self) -> None:
@@ -65,7 +65,7 @@ class OrtCudaGraphEngine(Engine):
 
         for name, x in g.inputs.items():
             bind(io.bind_input, name, x)
-        for k in range(2 * self.spec.num_layers):
+        for k in range(2 * self.spec.num_layers * self.spec.num_kv_heads):
             bind(io.bind_input, self.in_names[4 + k], g.past[k])
             bind(io.bind_output, self.out_names[1 + k], g.new_kv[k])
         bind(io.bind_output, "logits", g.logits)

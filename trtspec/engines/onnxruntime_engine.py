@@ -1,9 +1,9 @@
 """OrtEngine: the step contract run by ONNX Runtime, bound by pointer onto the KV pool.
 
-Every step binds by pointer (IOBinding). One row: the past as the contiguous block
-`buf[l, j, slot, :used]` and the new keys/values as *outputs* on `buf[l, j, slot, used:used+T]`, so
-ORT writes them into the slot itself. B > 1 rows: each row's past is copied into one contiguous
-block per layer and the new rows are copied back into the slots (BatchStaging). The logits go into
+Every step binds by pointer (IOBinding). One row: each KV head's past as the contiguous block
+`buf[l, j, slot, h, :used]` and its new keys/values as *outputs* on `buf[l, j, slot, h, used:used+T]`,
+so ORT writes them into the slot itself. B > 1 rows: each row's past is copied into one contiguous
+block per layer and head, and the new rows are copied back into the slots (BatchStaging). The logits go into
 one engine-owned float32 buffer, the caller's small int/bool tensors are bound as they are. One
 IOBinding is reused and rebound (shapes change each step).
 """
@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from ..export.onnx_export import io_names
+from ..export.contract import io_names
 from ..export.spec import ModelSpec, SpecError
 from ..runtime.engine import Engine
 from ..runtime.kv_cache import BatchStaging, KVCache
@@ -41,9 +41,9 @@ class OrtEngine(Engine):
         self.device = "cuda" if first == "CUDAExecutionProvider" else "cpu"
         # Read the KV dtype from the graph (weights stay on disk) to fail early and clearly.
         graph = onnx.load(str(onnx_path), load_external_data=False).graph
-        kv = {v.name: v.type.tensor_type.elem_type for v in graph.input}.get("past_key.0")
+        kv = {v.name: v.type.tensor_type.elem_type for v in graph.input}.get("past_key.0.0")
         if kv not in _ONNX_TO_TORCH:
-            raise SpecError(f"{onnx_path} is not a trtspec step graph (no float past_key.0 input)")
+            raise SpecError(f"{onnx_path} is not a trtspec step graph (no float past_key.0.0 input)")
         self.kv_dtype = _ONNX_TO_TORCH[kv]
         if self.kv_dtype == torch.bfloat16 and self.device == "cpu":
             raise SpecError("ONNX Runtime's CPU provider has no bfloat16 kernels (Mul, MatMul, ...): run "
@@ -58,7 +58,7 @@ class OrtEngine(Engine):
         if profile_prefix:              # ORT's own profiler: one JSON trace of every node (stepcost --profile)
             so.enable_profiling, so.profile_file_prefix = True, profile_prefix
         self.session = ort.InferenceSession(str(onnx_path), so, providers=self.providers)
-        self.in_names, self.out_names = io_names(spec.num_layers)
+        self.in_names, self.out_names = io_names(spec.num_layers, spec.num_kv_heads)
         got = [i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()]
         if got != (self.in_names, self.out_names):
             raise SpecError(f"{onnx_path} does not have the step interface of a {spec.num_layers}-layer model")
@@ -80,7 +80,9 @@ class OrtEngine(Engine):
             raise ValueError("the ONNX Runtime engine takes token buckets only, not cache-length buckets")
         self.check_room(caches, t)
         buf = caches[0].buf
-        if buf.dtype != self.kv_dtype or buf.device.type != self.device or buf.stride(2) != buf[0, 0, 0].numel():
+        if buf.dtype != self.kv_dtype or buf.device.type != self.device or buf.dim() != 5 \
+                or tuple(buf.shape[2::2]) != (self.spec.num_kv_heads, self.spec.head_dim) \
+                or buf.stride(2) != buf[0, 0, 0].numel():
             raise ValueError(f"cache must be a slot of a {self.kv_dtype} pool on {self.device}; "
                              "make it with engine.new_pool()")
         n = b * r * self.spec.vocab_size
@@ -100,23 +102,25 @@ class OrtEngine(Engine):
         elem = _TORCH_TO_ONNX[self.kv_dtype]
         hkv, d = self.spec.num_kv_heads, self.spec.head_dim
         if b == 1:
-            # The slot's [l, j] blocks sit at a fixed stride: compute the pointers instead of making
-            # 4L tensor views per step. The past is bound in place and ORT writes the new rows into
-            # the slot itself. A zero-row past (C=0) still gets a valid in-buffer pointer.
+            # The slot's [l, j, h] blocks sit at fixed strides: compute the pointers instead of making
+            # 4·L·Hkv tensor views per step. The past is bound in place and ORT writes the new rows
+            # into the slot itself. A zero-row past (C=0) still gets a valid in-buffer pointer.
             used = caches[0].used
-            row = buf.stride(2) * buf.element_size()
-            base, block = buf.data_ptr(), buf.stride(1) * buf.element_size()
+            e = buf.element_size()
+            row, head, block = buf.stride(3) * e, buf.stride(2) * e, buf.stride(1) * e
+            base = buf.data_ptr()
             for k in range(2 * self.spec.num_layers):  # k = 2*layer + (0: key, 1: value)
-                start = base + k * block
-                io.bind_input(self.in_names[4 + k], dev, idx, elem, (1, used, hkv, d), start)
-                io.bind_output(self.out_names[1 + k], dev, idx, elem, (1, t, hkv, d), start + used * row)
+                for h in range(hkv):
+                    start, i = base + k * block + h * head, k * hkv + h
+                    io.bind_input(self.in_names[4 + i], dev, idx, elem, (1, used, d), start)
+                    io.bind_output(self.out_names[1 + i], dev, idx, elem, (1, t, d), start + used * row)
         else:
-            # Rows live in separate slots: their pasts are copied into one contiguous [B, C] block
-            # per layer and the new rows are scattered back after the run (BatchStaging).
+            # Rows live in separate slots: their pasts are copied into one contiguous [B, C, D] block
+            # per layer and head, and the new rows are scattered back after the run (BatchStaging).
             past, new = self.staging.past(caches, c), self.staging.new(b, t)
-            for k in range(2 * self.spec.num_layers):
-                io.bind_input(self.in_names[4 + k], dev, idx, elem, (b, c, hkv, d), past[k].data_ptr())
-                io.bind_output(self.out_names[1 + k], dev, idx, elem, (b, t, hkv, d), new[k].data_ptr())
+            for i in range(2 * self.spec.num_layers * hkv):
+                io.bind_input(self.in_names[4 + i], dev, idx, elem, (b, c, d), past[i].data_ptr())
+                io.bind_output(self.out_names[1 + i], dev, idx, elem, (b, t, d), new[i].data_ptr())
         io.bind_output("logits", dev, idx, onnx.TensorProto.FLOAT, tuple(logits.shape), logits.data_ptr())
 
         self.session.run_with_iobinding(io)

@@ -25,8 +25,8 @@ INPUTS = ("input_ids", "position_ids", "attn_mask", "logit_rows")
 @dataclass
 class StagedBucket:
     inputs: dict[str, torch.Tensor]
-    past: torch.Tensor           # [2L, B, C, Hkv, D]
-    new_kv: torch.Tensor         # [2L, B, T, Hkv, D]
+    past: torch.Tensor           # [2L*Hkv, B, C, D]
+    new_kv: torch.Tensor         # [2L*Hkv, B, T, D]
     logits: torch.Tensor         # [B, R, V]
     runs: int = 0
     graph: object | None = None
@@ -35,11 +35,10 @@ class StagedBucket:
     def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, b: int, t: int, total: int, r: int
              ) -> "StagedBucket":
         z = lambda *shape, dtype=torch.int64: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        kv = (spec.num_kv_heads, spec.head_dim)
         return cls(inputs={"input_ids": z(b, t), "position_ids": z(b, t),
                            "attn_mask": z(b, t, total, dtype=torch.bool), "logit_rows": z(b, r)},
-                   past=z(2 * spec.num_layers, b, total - t, *kv, dtype=kv_dtype),
-                   new_kv=z(2 * spec.num_layers, b, t, *kv, dtype=kv_dtype),
+                   past=z(2 * spec.num_layers * spec.num_kv_heads, b, total - t, spec.head_dim, dtype=kv_dtype),
+                   new_kv=z(2 * spec.num_layers * spec.num_kv_heads, b, t, spec.head_dim, dtype=kv_dtype),
                    logits=z(b, r, spec.vocab_size, dtype=torch.float32))
 
     def load(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..export.contract import io_names
 from ..export.spec import ModelSpec
 
 
@@ -53,10 +54,9 @@ def build_plan(onnx_path: Path, plan_path: Path, spec: ModelSpec, max_seq_len: i
         p.set_shape("attn_mask", (1, t_min, t_min), (b_opt, t_opt, t_opt + max_seq_len // 2),
                     (b_max, t_max, max_seq_len))
         p.set_shape("logit_rows", (1, 1), (b_opt, t_opt), (b_max, t_max))
-        for i in range(spec.num_layers):
-            for kind in ("key", "value"):
-                kv = (spec.num_kv_heads, spec.head_dim)
-                p.set_shape(f"past_{kind}.{i}", (1, 0, *kv), (b_opt, max_seq_len // 2, *kv), (b_max, c_max, *kv))
+        d = spec.head_dim
+        for name in io_names(spec.num_layers, spec.num_kv_heads)[0][4:]:
+            p.set_shape(name, (1, 0, d), (b_opt, max_seq_len // 2, d), (b_max, c_max, d))
         return p
 
     config.add_optimization_profile(profile(1, min(prefill_chunk, 128), prefill_chunk, 1))   # 0: prefill

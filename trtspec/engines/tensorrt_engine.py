@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..export.contract import io_names
 from ..export.spec import ModelSpec
 from ..runtime.engine import Engine
 from ..runtime.kv_cache import KVCache
@@ -44,7 +45,7 @@ class TrtEngine(Engine):
             ctx = self.engine.create_execution_context()
             ctx.set_optimization_profile_async(profile, self.stream.cuda_stream)
             self.contexts.append(ctx)
-        kv = self.engine.get_tensor_dtype("past_key.0")
+        kv = self.engine.get_tensor_dtype("past_key.0.0")
         self.kv_dtype = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16,
                          trt.DataType.BF16: torch.bfloat16}[kv]
         self.cuda_graphs, self.max_step_tokens = cuda_graphs, max_step_tokens
@@ -90,11 +91,11 @@ class TrtEngine(Engine):
         for name, x in g.inputs.items():
             shape(name, x)
             ctx.set_tensor_address(name, x.data_ptr())
-        for k in range(2 * self.spec.num_layers):
-            kind, layer = ("key", "value")[k % 2], k // 2
-            shape(f"past_{kind}.{layer}", g.past[k])
-            ctx.set_tensor_address(f"past_{kind}.{layer}", g.past[k].data_ptr())
-            ctx.set_tensor_address(f"new_{kind}.{layer}", g.new_kv[k].data_ptr())
+        past, new = io_names(self.spec.num_layers, self.spec.num_kv_heads)
+        for k, (p, n) in enumerate(zip(past[4:], new[1:])):
+            shape(p, g.past[k])
+            ctx.set_tensor_address(p, g.past[k].data_ptr())
+            ctx.set_tensor_address(n, g.new_kv[k].data_ptr())
         ctx.set_tensor_address("logits", g.logits.data_ptr())
 
     def _capture(self, ctx):

@@ -1,7 +1,10 @@
 """The step contract's graph I/O, as data: written into manifest.json and used to check engines.
 
 Symbolic dims: B = batch, T = new_tokens, C = past_len, S = total_len (= C + T), R = logit_rows.
-Version 2 added the batch axis (version 1 had none).
+Version 2 added the batch axis (version 1 had none). Version 3 is head-major: one past/new tensor per
+layer *and KV head*, `[B, C, D]`, so a slot's rows of one head are one contiguous block of a
+`[.., Hkv, S, D]` pool and attention reads them without transposing the past (version 2 took one
+`[B, C, Hkv, D]` tensor per layer, which the graph transposed every step).
 
 GRAPH_REVISION numbers changes inside the graph that keep its I/O (engine folders of an older
 revision still run, more slowly): 2 = attention reads each layer's past where it lies (revision 1
@@ -11,12 +14,19 @@ from __future__ import annotations
 
 from .spec import ModelSpec
 
-CONTRACT_VERSION = 2
+CONTRACT_VERSION = 3
 GRAPH_REVISION = 2
 
 
+def io_names(num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) in graph order; KV ordered (layer, key/value, head) like
+    `Decoder`'s lists and a slot's `[L, 2, Hkv]` blocks."""
+    kv = [f"{kind}.{i}.{h}" for i in range(num_layers) for kind in ("key", "value") for h in range(num_kv_heads)]
+    past, new = [f"past_{n}" for n in kv], [f"new_{n}" for n in kv]
+    return ["input_ids", "position_ids", "attn_mask", "logit_rows", *past], ["logits", *new]
+
+
 def io_spec(spec: ModelSpec, dtype: str) -> dict[str, list[dict]]:
-    kv = [spec.num_kv_heads, spec.head_dim]
     inputs = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "new_tokens"]},
         {"name": "position_ids", "dtype": "int64", "shape": ["batch", "new_tokens"]},
@@ -24,8 +34,7 @@ def io_spec(spec: ModelSpec, dtype: str) -> dict[str, list[dict]]:
         {"name": "logit_rows", "dtype": "int64", "shape": ["batch", "logit_rows"]},
     ]
     outputs = [{"name": "logits", "dtype": "float32", "shape": ["batch", "logit_rows", spec.vocab_size]}]
-    for i in range(spec.num_layers):
-        for kind in ("key", "value"):
-            inputs.append({"name": f"past_{kind}.{i}", "dtype": dtype, "shape": ["batch", "past_len", *kv]})
-            outputs.append({"name": f"new_{kind}.{i}", "dtype": dtype, "shape": ["batch", "new_tokens", *kv]})
+    past, new = io_names(spec.num_layers, spec.num_kv_heads)
+    inputs += [{"name": n, "dtype": dtype, "shape": ["batch", "past_len", spec.head_dim]} for n in past[4:]]
+    outputs += [{"name": n, "dtype": dtype, "shape": ["batch", "new_tokens", spec.head_dim]} for n in new[1:]]
     return {"inputs": inputs, "outputs": outputs}

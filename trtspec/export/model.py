@@ -1,7 +1,9 @@
-"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract (v2).
+"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract (v3).
 
     forward(input_ids[B, T], position_ids[B, T], attn_mask[B, T, C+T], logit_rows[B, R],
-            past[2L x (B, C, Hkv, D)]) -> logits[B, R, V] (float32), new_kv[2L x (B, T, Hkv, D)]
+            past[2L*Hkv x (B, C, D)]) -> logits[B, R, V] (float32), new_kv[2L*Hkv x (B, T, D)]
+
+(KV lists ordered layer, key/value, KV head: one tensor per head, contract v3.)
 
 The same call is a prefill chunk (causal mask), a one-token decode (T=1), a draft expansion of a
 frontier, or the verification of a whole token tree, for B requests at once: the caller encodes
@@ -79,7 +81,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, mask_add, past_k, past_v):
-        b, t, c = x.shape[0], x.shape[1], past_k.shape[1]
+        # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
+        b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
         q = self.q_proj(x).view(b, t, self.h, self.d)
         k = self.k_proj(x).view(b, t, self.kv, self.d)
         v = self.v_proj(x).view(b, t, self.kv, self.d)
@@ -92,19 +95,21 @@ class Attention(nn.Module):
         # repeated KV heads are never materialised.
         g = self.h // self.kv
         qg = q.view(b, t, self.kv, g, self.d).permute(0, 2, 3, 1, 4).reshape(b, self.kv, g * t, self.d)
-        # The past is read where it lies: scores against the past and against the new rows are
-        # computed apart and joined ([.., G*T, C+T], not a copy of the past), one softmax over both,
-        # and the two halves of the probabilities weight their own values. Concatenating the past
-        # with the new rows instead copied every layer's past each step (3-5x this attention's cost).
-        scores = torch.cat([torch.matmul(qg, past_k.permute(0, 2, 3, 1)),      # [B, Hkv, G*T, C]
-                            torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)      # [.., C+T]
+        # The past is read where it lies and as it lies, one [B, C, D] block per KV head: q @ past^T
+        # is a product with a transposed operand (ONNX Runtime fuses the Transpose into FusedMatMul's
+        # transB; no copy of the past), against the new rows and the past apart, joined
+        # ([.., G*T, C+T]), one softmax over both, and the two halves of the probabilities weight
+        # their own values ([G*T, C] x [C, D], the past as it lies).
+        past_scores = torch.stack([torch.matmul(qg[:, i], pk.transpose(1, 2))   # [B, G*T, C] each
+                                   for i, pk in enumerate(past_k)], 1)
+        scores = torch.cat([past_scores, torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)  # [.., C+T]
         scores = scores.to(self.acc or torch.float32).view(b, self.kv, g, t, c + t)
         scores = scores * (1.0 / math.sqrt(self.d)) + mask_add
         probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.kv, g * t, c + t)
-        out = (torch.matmul(probs[..., :c], past_v.permute(0, 2, 1, 3))
-               + torch.matmul(probs[..., c:], v.permute(0, 2, 1, 3)))          # [B, Hkv, G*T, D]
+        past_out = torch.stack([torch.matmul(probs[:, i, :, :c], pv) for i, pv in enumerate(past_v)], 1)
+        out = past_out + torch.matmul(probs[..., c:], v.permute(0, 2, 1, 3))   # [B, Hkv, G*T, D]
         out = out.view(b, self.kv, g, t, self.d).permute(0, 3, 1, 2, 4).reshape(b, t, self.h * self.d)
-        return self.o_proj(out.to(out_dtype)), k, v
+        return self.o_proj(out.to(out_dtype)), k.unbind(2), v.unbind(2)
 
 
 class MLP(nn.Module):
@@ -151,6 +156,11 @@ class Decoder(nn.Module):
     def kv_dtype(self) -> torch.dtype:
         return self.model.layers[0].self_attn.acc or self.model.embed_tokens.weight.dtype
 
+    def zero_past(self, batch: int = 1, rows: int = 0) -> list[torch.Tensor]:
+        """A past of `rows` zero rows in the contract's layout (2L·Hkv tensors [batch, rows, D])."""
+        s = self.spec
+        return [torch.zeros(batch, rows, s.head_dim, dtype=self.kv_dtype) for _ in range(2 * s.num_layers * s.num_kv_heads)]
+
     def exact_attention(self, dtype: torch.dtype | None = torch.float64) -> "Decoder":
         """Attention (and the KV cache) in `dtype`: float64 for targets whose MatMuls quantize their
         activations to int8, so that a tree row gives the logits of a one-token forward."""
@@ -167,11 +177,13 @@ class Decoder(nn.Module):
         # (padding) rows finite.
         mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)[:, None, None]
         new_kv: list[torch.Tensor] = []
+        n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):
-            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask_add, past[2 * i], past[2 * i + 1])
+            ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
+            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask_add, ks, vs)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            new_kv += [k, v]
+            new_kv += [*k, *v]
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
         x = self.model.norm(torch.gather(x, 1, rows))
         return self.lm_head(x).float(), new_kv

@@ -4,8 +4,10 @@ Graph interface (names are the contract every engine binds by):
 
     inputs   input_ids int64 [batch, new_tokens]   position_ids int64 [batch, new_tokens]
              attn_mask bool [batch, new_tokens, total_len] (total_len = past_len + new_tokens)
-             logit_rows int64 [batch, logit_rows]  past_key.{i} / past_value.{i} [batch, past_len, Hkv, D]
-    outputs  logits float32 [batch, logit_rows, V] new_key.{i} / new_value.{i} [batch, new_tokens, Hkv, D]
+             logit_rows int64 [batch, logit_rows]  past_key.{i}.{h} / past_value.{i}.{h} [batch, past_len, D]
+    outputs  logits float32 [batch, logit_rows, V] new_key.{i}.{h} / new_value.{i}.{h} [batch, new_tokens, D]
+
+(one KV tensor per layer i and KV head h: contract v3, export/contract.py).
 
 KV tensors are in the model dtype (fp32 / fp16 / bf16). The exporter is torch.export-based
 (`dynamo=True`, the default since torch 2.9): it sees symbolic shapes rather than tracing sizes,
@@ -27,6 +29,7 @@ import onnx.inliner
 import torch
 from torch import nn
 
+from .contract import io_names
 from .model import Decoder
 
 EXTERNAL_DATA_MIN_BYTES = 100 * 2**20   # above this, weights go to "<file>.data" (protobuf caps at 2 GB)
@@ -36,13 +39,6 @@ _TORCH_TO_ONNX = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.Ten
                   torch.bfloat16: onnx.TensorProto.BFLOAT16, torch.float64: onnx.TensorProto.DOUBLE}
 
 log = logging.getLogger(__name__)
-
-
-def io_names(num_layers: int) -> tuple[list[str], list[str]]:
-    """(input names, output names) in graph order; KV interleaved per layer like `Decoder`'s lists."""
-    past = [f"past_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
-    new = [f"new_{kind}.{i}" for i in range(num_layers) for kind in ("key", "value")]
-    return ["input_ids", "position_ids", "attn_mask", "logit_rows", *past], ["logits", *new]
 
 
 class _Step(nn.Module):
@@ -60,28 +56,28 @@ class _Step(nn.Module):
 def _sample_inputs(model: Decoder):
     # Sizes >= 2 and pairwise distinct (B=2, T=3, C=5, R=4), so torch.export neither specialises a
     # dim to 0/1 nor unifies two dims that merely happen to be equal in the example.
-    s, b, t, c = model.spec, 2, 3, 5
+    b, t, c = 2, 3, 5
     return (torch.arange(t).repeat(b, 1), torch.arange(c, c + t).repeat(b, 1),
             torch.ones(b, t, c + t, dtype=torch.bool).tril(c), torch.tensor([[0, 1, 2, 2]] * b),
-            *[torch.zeros(b, c, s.num_kv_heads, s.head_dim, dtype=model.kv_dtype) for _ in range(2 * s.num_layers)])
+            *model.zero_past(b, c))
 
 
 def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) -> None:
-    n_past = len(args) - 4
+    n_past, s = len(args) - 4, step.model.spec
     Dim = torch.export.Dim
     batch, new, past, rows = Dim("batch"), Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
     shapes = {"input_ids": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               # past_len + new_tokens is not expressible as a derived Dim; AUTO lets export find it.
               "attn_mask": {0: batch, 1: new, 2: Dim.AUTO},
               "logit_rows": {0: batch, 1: rows}, "past": tuple({0: batch, 1: past} for _ in range(n_past))}
-    inputs, outputs = io_names(n_past // 2)
+    inputs, outputs = io_names(s.num_layers, s.num_kv_heads)
     program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                 input_names=inputs, output_names=outputs, verbose=False)
     program.save(str(path), external_data=external)
 
 
 def _export_torchscript(step: _Step, args, path: Path, opset: int, external: bool) -> None:
-    inputs, outputs = io_names((len(args) - 4) // 2)
+    inputs, outputs = io_names(step.model.spec.num_layers, step.model.spec.num_kv_heads)
     axes = {"input_ids": {0: "batch", 1: "new_tokens"}, "position_ids": {0: "batch", 1: "new_tokens"},
             "attn_mask": {0: "batch", 1: "new_tokens", 2: "total_len"}, "logit_rows": {0: "batch", 1: "logit_rows"},
             "logits": {0: "batch", 1: "logit_rows"}}
@@ -120,9 +116,9 @@ def _fix_interface(path: Path, model: Decoder) -> None:
     want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
             "attn_mask": (b, ["batch", "new_tokens", "total_len"]), "logit_rows": (i64, ["batch", "logit_rows"]),
             "logits": (onnx.TensorProto.FLOAT, ["batch", "logit_rows", s.vocab_size])}
-    inputs, outputs = io_names(s.num_layers)
-    want.update({n: (kv, ["batch", "past_len", s.num_kv_heads, s.head_dim]) for n in inputs[4:]})
-    want.update({n: (kv, ["batch", "new_tokens", s.num_kv_heads, s.head_dim]) for n in outputs[1:]})
+    inputs, outputs = io_names(s.num_layers, s.num_kv_heads)
+    want.update({n: (kv, ["batch", "past_len", s.head_dim]) for n in inputs[4:]})
+    want.update({n: (kv, ["batch", "new_tokens", s.head_dim]) for n in outputs[1:]})
     g = proto.graph
     got = [v.name for v in g.input], [v.name for v in g.output]
     if got != (inputs, outputs):

@@ -1,15 +1,16 @@
 """KV ownership: one preallocated pool per model, a slot per request, written in place, committed by
 compaction.
 
-`KVPool.buf` is `[L, 2, slots, S_max, Hkv, D]`, allocated once. A request owns one slot while it
-runs: `KVCache` is that slot's view `buf[:, :, slot]`, sequence-major, so `buf[l, j, slot, :C]` (the
-past of layer l) and `buf[l, j, slot, C:C+T]` (where the step's new rows go) are each one contiguous
-block. A one-row step binds both straight onto the pool (ONNX Runtime IO binding, torch views): the
-cache is never copied or reallocated between steps. A step over B > 1 rows needs each layer's past
-as one [B, C, Hkv, D] tensor, which slots of a pool are not: `BatchStaging` keeps a contiguous
-copy of each row's past, updated incrementally, and copies the new rows back into the slots
-(sizes and costs in docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies
-(export/model.py).
+`KVPool.buf` is `[L, 2, slots, Hkv, S_max, D]`, allocated once. A request owns one slot while it
+runs: `KVCache` is that slot's view `buf[:, :, slot]`, head-major, so `buf[l, j, slot, h, :C]` (the
+past of layer l, KV head h) and `buf[l, j, slot, h, C:C+T]` (where the step's new rows go) are each
+one contiguous block, which the step contract (v3) takes as one tensor per layer and head. A
+one-row step binds both straight onto the pool (ONNX Runtime IO binding, torch views): the cache is
+never copied or reallocated between steps. A step over B > 1 rows needs each head's past as one
+[B, C, D] tensor, which slots of a pool are not: `BatchStaging` keeps a contiguous copy of each
+row's past, updated incrementally, and copies the new rows back into the slots (sizes and costs in
+docs/ARCHITECTURE.md). Inside a step, attention reads the past where it lies, as it lies
+(export/model.py: no transposed copy of it).
 
 Rows [0, length) are committed tokens. A step appends T rows after them as *scratch* (a token tree
 being verified, or draft nodes being expanded). `commit(rows)` keeps the accepted scratch rows, in
@@ -35,23 +36,25 @@ class CapacityError(TrtspecError, RuntimeError):
 
 
 class KVPool:
-    """All KV rows of one model: `buf[L, 2, slots, S, Hkv, D]`; `caches[i]` is slot i."""
+    """All KV rows of one model: `buf[L, 2, slots, Hkv, S, D]`; `caches[i]` is slot i."""
 
     def __init__(self, spec: ModelSpec, slots: int, capacity: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu"):
         self.spec, self.capacity = spec, capacity
-        self.buf = torch.zeros(spec.num_layers, 2, slots, capacity, spec.num_kv_heads, spec.head_dim,
+        self.buf = torch.zeros(spec.num_layers, 2, slots, spec.num_kv_heads, capacity, spec.head_dim,
                                dtype=dtype, device=device)
         self.caches = [KVCache(spec, capacity, self.buf[:, :, i]) for i in range(slots)]
 
 
 class KVCache:
-    """One slot of a KVPool: `buf[L, 2, S, Hkv, D]` (a view; each [l, j] block is contiguous)."""
+    """One slot of a KVPool: `buf[L, 2, Hkv, S, D]` (a view; each [l, j, h] block is contiguous)."""
 
     def __init__(self, spec: ModelSpec, capacity: int, buf: torch.Tensor):
         self.spec = spec
         self.capacity = capacity
         self.buf = buf
+        # The [S, D] block of every (layer, key/value, head), in the step contract's order (views)
+        self.blocks = [buf[l, j, h] for l in range(spec.num_layers) for j in (0, 1) for h in range(spec.num_kv_heads)]
         self.length = 0    # committed rows
         self.scratch = 0   # uncommitted rows written after them
         self.epoch = 0     # reset count: rows [0, length) change only when it does
@@ -61,10 +64,10 @@ class KVCache:
         return self.length + self.scratch
 
     def past(self, rows: int | None = None) -> list[torch.Tensor]:
-        """Views [k0, v0, k1, v1, ...] of the first `rows` rows (default: every row written so far).
-        More rows than `used` is a cache-length bucket: the extra stale rows are masked out."""
+        """Views [k0.h0, k0.h1, .., v0.h0, .., k1.h0, ...] of the first `rows` rows (default: every row
+        written so far). More rows than `used` is a cache-length bucket: stale rows are masked out."""
         u = self.used if rows is None else rows
-        return [self.buf[l, j, :u] for l in range(self.spec.num_layers) for j in (0, 1)]
+        return [blk[:u] for blk in self.blocks]
 
     def slots(self, t: int) -> list[torch.Tensor]:
         """Views of the next t rows, where a step writes its new keys/values."""
@@ -73,7 +76,7 @@ class KVCache:
             raise CapacityError(
                 f"the sequence needs {u + t} KV rows but the cache holds {self.capacity}; "
                 "raise max_seq_len in the config (or shorten the prompt / max_new_tokens)")
-        return [self.buf[l, j, u:u + t] for l in range(self.spec.num_layers) for j in (0, 1)]
+        return [blk[u:u + t] for blk in self.blocks]
 
     def advance(self, t: int) -> None:
         """Count the t rows a step just wrote (at `used`) as scratch."""
@@ -106,7 +109,7 @@ class KVCache:
         n = len(rows)
         if n and not (rows[-1] == n - 1):  # rows ascending and unique: prefix iff last == n-1
             idx = torch.from_numpy(rows + self.length).to(self.buf.device)
-            self.buf[:, :, self.length:self.length + n] = self.buf[:, :, idx]
+            self.buf[:, :, :, self.length:self.length + n] = self.buf[:, :, :, idx]
         self.length += n
         self.scratch = 0
 
@@ -123,13 +126,13 @@ class BatchStaging:
     """Contiguous copies for a step over B > 1 rows (one engine's, reused; it grows to the largest
     batch seen and never shrinks, so a steady state allocates nothing).
 
-    `past(caches, c)` returns every row's past as `[2L, B, c, Hkv, D]`: rows [0, used) of row b are
+    `past(caches, c)` returns every row's past as `[2L*Hkv, B, c, D]`: rows [0, used) of row b are
     its slot's, the rest are stale (finite) and masked by the caller. The copy is incremental: a
     row's committed rows never change until its slot is reset, so while the layout (B, c) and the
     row's cache stay the same, only the rows from its last staged `length` on (rows committed since,
     and scratch rows) are copied again. The Batcher rounds a batch's past up to a multiple of
     `STAGING_ROWS`, so one layout lasts many steps. `new(b, t)` is where a step writes its
-    `[2L, B, t, Hkv, D]` new keys/values; `scatter(caches, new)` copies row b's into its slot at
+    `[2L*Hkv, B, t, D]` new keys/values; `scatter(caches, new)` copies row b's into its slot at
     `caches[b].used`. `copied_rows` counts the past rows copied (tests, benchmarks)."""
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype, device: str | torch.device):
@@ -142,7 +145,7 @@ class BatchStaging:
 
     def _view(self, name: str, b: int, rows: int) -> torch.Tensor:
         s = self.spec
-        shape = (2 * s.num_layers, b, rows, s.num_kv_heads, s.head_dim)
+        shape = (2 * s.num_layers * s.num_kv_heads, b, rows, s.head_dim)
         n = int(np.prod(shape))
         buf = getattr(self, name)
         if buf.numel() < n:
@@ -173,20 +176,23 @@ class BatchStaging:
 
 
 def gather_past(caches: list[KVCache], out: torch.Tensor, spans: list[tuple[int, int]] | None = None) -> int:
-    """Copy rows [start, end) of each row's slot into out[2L, B, C, Hkv, D], spans[b] = (start, end);
+    """Copy rows [start, end) of each row's slot into out[2L*Hkv, B, C, D], spans[b] = (start, end);
     default: every row's [0, C) (C = out.shape[2]). Returns the rows copied."""
     copied = 0
     for b, cache in enumerate(caches):
         start, end = spans[b] if spans else (0, out.shape[2])
         if end > start:
-            out[:, b, start:end].copy_(cache.buf[:, :, start:end].flatten(0, 1), non_blocking=True)
+            s = cache.spec
+            out[:, b, start:end].unflatten(0, (s.num_layers, 2, s.num_kv_heads)).copy_(
+                cache.buf[:, :, :, start:end], non_blocking=True)
             copied += end - start
     return copied
 
 
 def scatter_new(caches: list[KVCache], new: torch.Tensor) -> None:
-    """Copy row b's new keys/values new[2L, b, T] into its slot at `caches[b].used`."""
+    """Copy row b's new keys/values new[2L*Hkv, b, T] into its slot at `caches[b].used`."""
     t = new.shape[2]
     for b, cache in enumerate(caches):
         u = cache.used
-        cache.buf[:, :, u:u + t].copy_(new[:, b].unflatten(0, (cache.spec.num_layers, 2)))
+        s = cache.spec
+        cache.buf[:, :, :, u:u + t].copy_(new[:, b].unflatten(0, (s.num_layers, 2, s.num_kv_heads)))
