@@ -49,23 +49,48 @@ def run_nodes(nodes, inits, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def at_level(nodes, level: int):
+    """The nodes with every MatMulNBits at `level` (as `probe` runs a graph's: level 1)."""
+    out = []
+    for nd in nodes:
+        nd = onnx.NodeProto.FromString(nd.SerializeToString())
+        for a in nd.attribute:
+            if a.name == "accuracy_level":
+                a.i = level
+        out.append(nd)
+    return out
+
+
+@pytest.mark.parametrize("level", [1, 4])
 @pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda q: q.name)
-def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype):
+def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype, level):
     """Decoded blocks reproduce gguf.quants.dequantize, and so do ONNX Runtime's kernels running the
-    emitted nodes (accuracy level 1) on one-hot rows: w = s * q + c rounded once, as gguf computes it."""
+    emitted nodes on one-hot rows (at accuracy level 1, fp32 activations: what `probe` does):
+    w = s * q + c rounded once, as gguf computes it. Nodes made for level 1 split codes wider than 4
+    bits into nibble terms; for level 4 (int8 activations) they are one 8-bit term. At level 4 a
+    product's rows do not depend on how many rows it carries (exact attention relies on it)."""
     rng = np.random.default_rng(int(qtype))
     n, k = 48, 512
     raw = random_blocks(qtype, n, k, rng)
     want = gguf.quants.dequantize(raw, qtype)
     bl = gguf_blocks.decode(raw, qtype, (n, k))
     assert bl is not None and np.array_equal(bl.dequantize().view(np.uint32), want.view(np.uint32))  # the decoder: even -0
-    nodes, inits = gguf_blocks.matmul_nodes("w", "x", "y", bl, accuracy_level=1)
-    assert len([nd for nd in nodes if nd.op_type == "MatMulNBits"]) == (bl.bits + 3) // 4
-    got = run_nodes(nodes, inits, np.eye(k, dtype=np.float32)[None])[0].T
+    nodes, inits = gguf_blocks.matmul_nodes("w", "x", "y", bl, accuracy_level=level)
+    nbits = [nd for nd in nodes if nd.op_type == "MatMulNBits"]
+    wide = level == 4 and bl.bits > 4
+    assert len(nbits) == (1 if wide else (bl.bits + 3) // 4)
+    assert {helper.get_attribute_value(a) for nd in nbits for a in nd.attribute if a.name == "bits"} == {8 if wide else 4}
+    got = run_nodes(at_level(nodes, 1), inits, np.eye(k, dtype=np.float32)[None])[0].T
     assert np.array_equal(bits(got), bits(want))
-    # and an ordinary product: the fp32 product with the same weights, to fp32 accuracy
-    x = rng.standard_normal((1, 3, k)).astype(np.float32)
-    np.testing.assert_allclose(run_nodes(nodes, inits, x)[0], x[0] @ want.T, rtol=1e-4, atol=1e-4)
+    # and an ordinary product: the fp32 product with the same weights, to fp32 accuracy (level 1)
+    # or to int8 activations' (level 4), whose rows are the same alone as in a batch of 16, bit for bit
+    x = rng.standard_normal((1, 16, k)).astype(np.float32)
+    y = run_nodes(nodes, inits, x)[0]
+    tol = 1e-4 if level == 1 else 3e-2
+    np.testing.assert_allclose(y, x[0] @ want.T, rtol=tol, atol=tol * float(np.abs(x[0] @ want.T).max()))
+    if level == 4:
+        alone = np.concatenate([run_nodes(nodes, inits, x[:, i:i + 1])[0] for i in range(16)])
+        assert np.array_equal(alone.view(np.uint32), y.view(np.uint32))
 
 
 def test_types_kept_dense_are_none():
@@ -118,7 +143,7 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     from trtspec.engines.quantize import quantize_onnx
     from trtspec.engines.torch_engine import TorchEngine
     from trtspec.export.checkpoint import load_decoder
-    from trtspec.export.onnx_export import export_onnx
+    from trtspec.export.onnx_export import export_onnx, optimize_for_ort
 
     model = load_decoder(tiny_gguf)
     fp32 = export_onnx(model, tmp_path / "m.onnx")
@@ -133,6 +158,15 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     res = gguf_blocks.probe(tmp_path / "q.onnx", tiny_gguf)
     assert len(res) == 15 and all(res.values()), res
     assert gguf_blocks.main([str(tmp_path / "q.onnx"), str(tiny_gguf)]) == 0
+    # int8 activations: Q5_*/Q6_K/Q8_0 as one 8-bit term each, the same weights bit for bit
+    quantize_onnx(fp32, tmp_path / "q8.onnx", "gguf", "int8", tiny_gguf)
+    wide = [n for n in onnx.load(str(tmp_path / "q8.onnx")).graph.node if n.op_type == "MatMulNBits"
+            and any(a.name == "bits" and a.i == 8 for a in n.attribute)]
+    assert len(wide) == 2 + 3 + 2 + 1 + 1            # Q5_K, Q6_K, Q8_0, Q5_0, Q5_1: one term each
+    # probed in the graph an engine folder holds: ORT's optimizer fuses qwen2's v bias into a lone term
+    optimize_for_ort(tmp_path / "q8.onnx", tmp_path / "q8.ort.onnx")
+    res = gguf_blocks.probe(tmp_path / "q8.ort.onnx", tiny_gguf)
+    assert len(res) == 15 and all(res.values()), res
 
     engines = TorchEngine(model), OrtEngine(tmp_path / "q.onnx", model.spec, intra_op_threads=1)
     caches = [e.new_cache(32) for e in engines]

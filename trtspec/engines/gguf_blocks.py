@@ -5,8 +5,10 @@ q, a scale s and (K-quants, Q4_1/Q5_1) an offset c:  w = s * q + c,  with s * q 
 most 11 + 8 + 6 significant bits) and one rounding for "+ c"; that is what `gguf.quants.dequantize`
 computes. MatMulNBits computes (q - z) * s with 4-bit codes and integer zero points z. So:
 
-- codes wider than 4 bits (Q5_*, Q6_K, Q8_0) are split into nibbles, q - z = (lo - z_lo) + 16 (hi - z_hi):
-  one 4-bit MatMulNBits per nibble, the high one with scale 16 s (exact), their outputs added;
+- codes wider than 4 bits (Q5_*, Q6_K, Q8_0) are one 8-bit MatMulNBits term with int8 activations
+  (accuracy level 4); with fp32 activations, where 8-bit weights take a slow kernel, they are split
+  into nibbles, q - z = (lo - z_lo) + 16 (hi - z_hi): one 4-bit MatMulNBits per nibble, the high one
+  with scale 16 s (exact), their outputs added;
 - the offset c becomes a second, small product: the block sums of the activations (Reshape +
   ReduceSum) times the [K / block, N] matrix of offsets, added last.
 
@@ -15,7 +17,7 @@ for bit (tests/test_gguf_blocks.py probes the kernels with an identity matrix; `
 trtspec.engines.gguf_blocks GRAPH FILE.gguf` does it for a built graph, every tensor). Float zero
 points, MatMulNBits' own way to carry an offset, run 75x slower on this CPU (23 ms against 0.3 ms for
 a one-row 1536 x 8960 product), and 8-bit codes with fp32 activations take another slow path, hence
-nibbles. MatMuls whose weight is F32/F16/BF16 or another block type stay fp32 (exact).
+nibbles there. MatMuls whose weight is F32/F16/BF16 or another block type stay fp32 (exact).
 """
 from __future__ import annotations
 
@@ -135,12 +137,23 @@ def _pack4(v: np.ndarray) -> np.ndarray:
     return (v[:, 0::2] | (v[:, 1::2] << 4)).astype(np.uint8)
 
 
-def terms(bl: Blocks) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """MatMulNBits (B, scales, zero points) per nibble of the codes, low nibble first."""
+def term_bits(bl: Blocks, accuracy_level: int) -> int:
+    """4 (one MatMulNBits term per nibble of the codes) or 8 (one term): 8-bit weights take a fast
+    kernel with int8 activations (level 4: a Q6_K 1536 x 151936 LM head 7.1 ms a token against 14.3
+    for two nibble terms) and a slow one with fp32 activations (level 1: 29 ms against 0.85 for a
+    1536 x 8960 weight), where nibbles stay. Codes of 4 bits stay one 4-bit term."""
+    return 8 if accuracy_level == 4 and bl.bits > 4 else 4
+
+
+def terms(bl: Blocks, bits: int = 4) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """MatMulNBits (B, scales, zero points) of `bits`-bit terms: the codes whole (8), or one per
+    nibble of the codes, low nibble first (4)."""
     n, k = bl.codes.shape
     nb = k // bl.block
     u = (bl.codes.astype(np.int32) - bl.low).astype(np.uint8)
     z = -bl.low
+    if bits == 8:                      # one byte per code and per block's zero point
+        return [(u.reshape(n, nb, bl.block), bl.scale.astype(np.float32), np.full(n * nb, z, dtype=np.uint8))]
     out = []
     for i in range((bl.bits + 3) // 4):
         part = (u >> (4 * i)) & 15
@@ -157,12 +170,13 @@ def matmul_nodes(name: str, x: str, y: str, bl: Blocks, accuracy_level: int):
     n, k = bl.codes.shape
     p = f"{PREFIX}{name}/"
     nodes, inits, outs = [], [], []
-    for i, (b, s, zp) in enumerate(terms(bl)):
+    bits = term_bits(bl, accuracy_level)
+    for i, (b, s, zp) in enumerate(terms(bl, bits)):
         names = [f"{p}q{i}", f"{p}scale{i}", f"{p}zero{i}"]
         inits += [numpy_helper.from_array(a, nm) for a, nm in zip((b, s, zp), names)]
         outs.append(f"{p}term{i}")
         nodes.append(helper.make_node("MatMulNBits", [x] + names, [outs[-1]], name=f"{p}term{i}",
-                                      domain="com.microsoft", K=k, N=n, bits=4, block_size=bl.block,
+                                      domain="com.microsoft", K=k, N=n, bits=bits, block_size=bl.block,
                                       accuracy_level=accuracy_level))
     acc = outs[0]
     for i in range(1, len(outs)):
@@ -289,12 +303,14 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             attrs["accuracy_level"] = 1
             k = attrs["K"]
+            # B, scales, zero points: the weight. ORT's optimizer may have fused the model's bias
+            # (q/k/v) into a lone term as input 5, which is not the weight's and is left out.
+            weight = list(node.input[1:4])
             g = helper.make_graph(
-                [helper.make_node("MatMulNBits", ["A"] + list(node.input[1:]), ["Y"], domain="com.microsoft",
-                                  **attrs)], "probe",
+                [helper.make_node("MatMulNBits", ["A"] + weight, ["Y"], domain="com.microsoft", **attrs)], "probe",
                 [helper.make_tensor_value_info("A", onnx.TensorProto.FLOAT, [k, k])],
                 [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [k, attrs["N"]])],
-                [inits[i] for i in node.input[1:]])
+                [inits[i] for i in weight])
             m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
             sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
             y = sess.run(None, {"A": np.eye(k, dtype=np.float32)})[0].T       # [N, K]
