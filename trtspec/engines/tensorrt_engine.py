@@ -91,11 +91,11 @@ class TrtEngine(Engine):
         for name, x in g.inputs.items():
             shape(name, x)
             ctx.set_tensor_address(name, x.data_ptr())
-        past, new = io_names(self.spec.num_layers, self.spec.num_kv_heads)
-        for k, (p, n) in enumerate(zip(past[4:], new[1:])):
-            shape(p, g.past[k])
-            ctx.set_tensor_address(p, g.past[k].data_ptr())
-            ctx.set_tensor_address(n, g.new_kv[k].data_ptr())
+        ins, outs = io_names(self.spec.num_layers, self.spec.num_kv_heads)
+        for k, (past, new) in enumerate(zip(ins[4:], outs[1:])):     # one per layer, key/value, KV head
+            shape(past, g.past[k])
+            ctx.set_tensor_address(past, g.past[k].data_ptr())
+            ctx.set_tensor_address(new, g.new_kv[k].data_ptr())
         ctx.set_tensor_address("logits", g.logits.data_ptr())
 
     def _capture(self, ctx):
