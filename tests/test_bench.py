@@ -422,6 +422,37 @@ def test_concurrency_mode(engines, prompts_file, tmp_path):
                                  "--output", tmp_path / "x"), "--concurrency")
 
 
+def test_shared_prefix_mode(engines, prompts_file, tmp_path):
+    """bench --shared-prefix: warm starts load the shared block, prefill less, and answer as cold ones."""
+    out = tmp_path / "prefix"
+    r = invoke("--engines", engines, "--dataset", prompts_file, "--strategies", "staged", "--max-new-tokens", 6,
+               "--shared-prefix", 100, "--threads", 1, "--output", out)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    data = json.loads((out / "prefix.json").read_text())
+    assert data["summary"]["all_equal"] and len(data["records"]) == len(PROMPTS)
+    for rec in data["records"]:
+        assert rec["cached_tokens"] >= 64 and rec["cached_tokens"] <= rec["shared_tokens"]
+        assert rec["ttft_cold_s"] > 0 and rec["ttft_warm_s"] > 0
+    assert "warm / cold" in (out / "prefix.md").read_text()
+
+
+def test_grammar_mode(engines, prompts_file, tmp_path):
+    """bench --grammar: every run of ours is constrained (strategies still equal ar); peers are refused."""
+    out = tmp_path / "grammar"
+    r = invoke("--engines", engines, "--dataset", prompts_file, "--strategies", "staged", "--max-new-tokens", 24,
+               "--peers", "none", "--grammar", ROOT / "docs" / "bench" / "function-schema.json", "--limit", 2,
+               "--threads", 1, "--output", out)
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["prompts"]) == 2
+    for p in data["prompts"]:
+        assert p["runs"]["staged"]["token_ids"] == p["runs"]["ar"]["token_ids"]
+    assert_one_line_error(invoke("--engines", engines, "--dataset", prompts_file, "--grammar", "json_object",
+                                 "--output", tmp_path / "x"), "--peers none")
+    assert_one_line_error(invoke("--engines", engines, "--dataset", prompts_file, "--grammar", tmp_path / "nope.json",
+                                 "--peers", "none", "--output", tmp_path / "y"), "--grammar")
+
+
 def test_repetitive_workloads_are_built_from_human_eval():
     """humaneval-edit: the function to edit is in the prompt (the answer repeats it); humaneval-json:
     one instruction over every function (repeated requests)."""

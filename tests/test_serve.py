@@ -248,10 +248,29 @@ def test_error_cases(server):
     cases = [
         (dict(ok, max_tokens=0), 400, ("max_tokens", "greater than or equal to 1"), "max_tokens"),
         (dict(ok, max_tokens=100_000), 400, ("100000", "4096"), "max_tokens"),
-        (dict(ok, n=2), 400, ("n must be 1",), "n"),
+        (dict(ok, n=129), 400, ("n",), "n"),
+        (dict(ok, n=100), 400, ("n must be at most",), "n"),
         (dict(ok, temperature=-1), 400, ("temperature",), "temperature"),
         (dict(ok, stop=["a", "b", "c", "d", "e"]), 400, ("at most 4",), "stop"),
-        (dict(ok, presence_penalty=0.5), 400, ("presence_penalty is not supported",), "presence_penalty"),
+        (dict(ok, presence_penalty=2.5), 400, ("presence_penalty",), "presence_penalty"),
+        (dict(ok, echo=True), 400, ("echo is not supported",), "echo"),
+        (dict(ok, logit_bias={"x": 1}), 400, ("logit_bias keys are token ids",), "logit_bias"),
+        (dict(ok, logit_bias={"3": 101}), 400, ("[-100, 100]",), "logit_bias"),
+        (dict(ok, logit_bias={"100000": 1}), 400, ("logit_bias token id 100000",), None),
+        (dict(ok, logprobs=21), 400, ("logprobs",), "logprobs"),
+        (dict(ok, extra_body={"min_tokens": -1}), 400, ("min_tokens",), "min_tokens"),
+        (dict(ok, extra_body={"repetition_penalty": 0}), 400, ("repetition_penalty",), "repetition_penalty"),
+        (dict(ok, extra_body={"stop_token_ids": [-5]}), 400, ("stop token id -5",), None),
+        (dict(ok, extra_body={"structured_outputs": {"regex": "a", "grammar": "b"}}), 400, ("exactly one",),
+         "structured_outputs"),
+        (dict(ok, extra_body={"structured_outputs": {"regex": "(unclosed"}}), 400, ("regex cannot be compiled",),
+         "structured_outputs"),
+        (dict(ok, extra_body={"response_format": {"type": "json_schema"}}), 400, ("json_schema",), "response_format"),
+        (dict(ok, extra_body={"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "frob"}}}}}}), 400,
+         ("json schema cannot be compiled",), "response_format"),
+        (dict(ok, extra_body={"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}),
+         400, ("not both",), "structured_outputs"),
         (dict(ok, extra_body={"frobnicate": 1}), 400, ("unknown field 'frobnicate'",), "frobnicate"),
         (dict(ok, extra_body=spec("nope")), 400, ("unknown strategy 'nope'", "staged"), "speculative.strategy"),
         (dict(ok, extra_body=spec("chain", k=0)), 400, ("speculative.k",), "speculative"),
@@ -285,6 +304,9 @@ def test_error_cases(server):
         c.chat.completions.create(model=MODEL, messages=[{"role": "assistant", "content": "x", "tool_calls": []}])
     assert_error(e, 400, "tool_calls")
     # null means "not given", as in OpenAI's API (some SDKs send it)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], top_logprobs=2)
+    assert_error(e, 400, "top_logprobs needs logprobs", param="top_logprobs")
     r = httpx.post(server.url + "/completions", json=dict(ok, temperature=None, top_p=None, n=None, stream=None,
                                                           presence_penalty=None, seed=None, stop=None))
     assert r.status_code == 200, r.text

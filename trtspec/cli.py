@@ -96,6 +96,21 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0), help="0 = off.")
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0, 1, min_open=True), help="1 = off.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--presence-penalty", default=0.0, show_default=True, type=float,
+              help="Subtracted from a token's logit once it occurs in the output (OpenAI's).")
+@click.option("--frequency-penalty", default=0.0, show_default=True, type=float,
+              help="Subtracted from a token's logit per occurrence in the output (OpenAI's).")
+@click.option("--repetition-penalty", default=1.0, show_default=True, type=float,
+              help="Divides a seen token's (prompt or output) positive logit, multiplies a negative one (vLLM's); 1 = off.")
+@click.option("--min-tokens", default=0, show_default=True, type=click.IntRange(0),
+              help="Stop tokens are masked until this many tokens were generated.")
+@click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The output is JSON valid against this JSON schema file (structured output).")
+@click.option("--regex", default=None, help="The output matches this regular expression (structured output).")
+@click.option("--grammar", "grammar_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The output matches this Lark grammar file (structured output).")
+@click.option("--logprobs", type=click.IntRange(0, 20), default=None,
+              help="With --json: each token's log-probability under the target and this many alternatives.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template and answer to the end of "
                                            "the turn.")
 @click.option("--json", "as_json", is_flag=True,
@@ -109,8 +124,14 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
               help="Which target step --show-tree renders.")
 @user_errors
 def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens, temperature, top_k, top_p,
-        seed, chat, as_json, backend, threads, show_tree, tree_step) -> None:
-    """Generate text, streaming it to the terminal (or as JSON with --json)."""
+        seed, presence_penalty, frequency_penalty, repetition_penalty, min_tokens, json_schema, regex, grammar_file,
+        logprobs, chat, as_json, backend, threads, show_tree, tree_step) -> None:
+    """Generate text, streaming it to the terminal (or as JSON with --json).
+
+    Every strategy is lossless under every option here: penalties, --min-tokens and a grammar
+    (--json-schema, --regex, --grammar) shape the target's distribution at each drafted token as
+    plain decoding would, so the output is the one `--strategy ar` gives (greedy), or distributed
+    as its samples are."""
     from .assembly.load import load_generator, load_tokenizer
     from .runtime.generator import check_capacity, decode_pieces, room_for
     from .runtime.prompts import Prompt, PromptError, encode  # one prompt encoder for run, serve and bench
@@ -123,7 +144,12 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     if show_tree and Path(show_tree).suffix.lower() not in (".png", ".svg"):
         raise click.UsageError("--show-tree needs a .png or .svg file name")
     text = _prompt_text(prompt, prompt_file)
-    sampling = SamplingParams(temperature, top_k, top_p)
+    if logprobs is not None and not as_json:
+        raise click.UsageError("--logprobs goes with --json (the values are printed there)")
+    sampling = SamplingParams(temperature, top_k, top_p, repetition_penalty=repetition_penalty,
+                              frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                              min_tokens=min_tokens, grammar=_grammar(json_schema, regex, grammar_file),
+                              logprobs=logprobs)
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
     name = strategy or cfg.strategy
@@ -141,7 +167,8 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     check_capacity(len(ids), limit, strat, cfg.max_seq_len)
     kwargs = dict(strategy=strat, max_new_tokens=limit, sampling=sampling, seed=seed, record_trees=bool(show_tree))
     # closed on the way out, success or not: the scheduler joined, the engines' sessions released
-    with load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1) as gen:   # one request
+    # one request: one slot, and nothing to share a prefix with
+    with load_generator(folder, threads=threads, opened=opened, tokenizer=tok, slots=1, prefix_cache=0) as gen:
         if as_json:
             result = gen.generate(ids, **kwargs)
             click.echo(json.dumps(_json_result(result, tok, limit, name, gen.backend)))
@@ -165,6 +192,24 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
         f"{s['mean_accepted']:.2f} tokens per target step")
 
 
+def _grammar(json_schema: str | None, regex: str | None, grammar_file: str | None):
+    """The output's grammar from `run`'s options (at most one), checked before anything loads."""
+    from .runtime.grammar import Grammar
+
+    given = [(k, v) for k, v in (("json_schema", json_schema), ("regex", regex), ("lark", grammar_file)) if v]
+    if len(given) > 1:
+        raise click.UsageError("give at most one of --json-schema, --regex and --grammar")
+    if not given:
+        return None
+    kind, value = given[0]
+    if kind != "regex":
+        try:
+            value = Path(value).read_text()
+        except UnicodeDecodeError as e:
+            raise click.UsageError(f"{value} is not UTF-8 text ({e.reason})") from None
+    return Grammar(kind, value).check()
+
+
 def _prompt_text(prompt: str | None, prompt_file: str | None) -> str:
     """The prompt of `run`: --prompt or the UTF-8 text of --prompt-file, exactly one, not empty."""
     if (prompt is None) == (prompt_file is None):
@@ -182,9 +227,13 @@ def _json_result(result, tok, limit: int, strategy: str, backend: str) -> dict:
     """`run --json`: the text, ids, finish reason, stats and every step's record (without its tree)."""
     steps = [{k: v for k, v in dataclasses.asdict(st).items() if k != "extra"}
              | {k: v for k, v in st.extra.items() if k != "tree"} for st in result.steps]
-    return {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
-            "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
-            "steps": steps, "strategy": strategy, "backend": backend}
+    out = {"text": tok.decode(result.token_ids, skip_special_tokens=True), "token_ids": result.token_ids,
+           "finish_reason": result.finish_reason, "max_new_tokens": limit, "stats": result.stats,
+           "steps": steps, "strategy": strategy, "backend": backend}
+    if result.logprobs is not None:
+        out["logprobs"] = [{"token": lp.token, "logprob": lp.logprob, "top": [list(t) for t in lp.top]}
+                           for lp in result.logprobs]
+    return out
 
 
 def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
@@ -233,6 +282,17 @@ def _why_cut(limit: int, asked: bool, chat: bool, max_seq_len: int) -> str:
               help="e.g. 1,2,4,8: serve the prompts with that many concurrent requests instead (closed-loop "
                    "clients, batched steps); reports total tok/s, latency p50/p95 and TTFT per level against "
                    "level 1 (one after another). No HF peers in this mode.")
+@click.option("--grammar", default=None, metavar="json_object|SCHEMA.json",
+              help="Structured outputs: every run of ours is constrained to any JSON object, or to this JSON "
+                   "schema (e.g. humaneval-json with docs/bench/function-schema.json); compare with a run "
+                   "without it for the grammar's effect on speed and acceptance. Needs --peers none.")
+@click.option("--until-stop", is_flag=True,
+              help="Answers end at the model's stop token, as in serving (default: stop tokens are ignored and every "
+                   "answer is exactly --max-new-tokens long); implied by --grammar. Needs --peers none.")
+@click.option("--shared-prefix", type=click.IntRange(1), default=None, metavar="TOKENS",
+              help="Prefix caching: each prompt follows the same ~TOKENS-token block (the dataset's other prompts, "
+                   "as a system message with --chat); reports time to first token with the prefix cache cold and "
+                   "warm, and that the outputs are equal. Uses the first of --strategies. No peers in this mode.")
 @click.option("--plan-costs", type=click.Path(exists=True, dir_okay=False), default=None, metavar="COSTS_JSON",
               help="budget: auto plans with this step-cost table (costs.json format) instead of the one measured "
                    "here, e.g. docs/bench/gpu-like-costs.json: shows the trees it would choose on that machine; "
@@ -351,6 +411,9 @@ def _engines(engines_dir: str | None, opened, cfg, log):
                    "config's scope), only the same OpenAI `user`'s (user: one trie per user, the 64 most "
                    "recent kept), or a request's own tokens (off). Outputs never change; speed can hint "
                    "whether a text resembles others', so serve untrusted tenants with user or off.")
+@click.option("--prefix-cache", type=click.IntRange(0), default=None, metavar="TOKENS",
+              help="Prompt tokens per model kept across requests, so a shared system prompt or earlier chat "
+                   "turns are not computed again (0 = off). Default: the config's prefix_cache, else max_seq_len.")
 @click.option("--drain-timeout", type=click.FloatRange(0), default=30.0, show_default=True,
               help="On SIGTERM / Ctrl-C: seconds running requests get to finish before they are cancelled.")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None,
@@ -360,8 +423,8 @@ def _engines(engines_dir: str | None, opened, cfg, log):
               help="uvicorn's log level (info adds an access log line per request).")
 @user_errors
 def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, model_name, strategy,
-          allow_strategies, timeout, max_body_mb, body_timeout, history, drain_timeout, backend, threads,
-          log_level) -> None:
+          allow_strategies, timeout, max_body_mb, body_timeout, history, prefix_cache, drain_timeout, backend,
+          threads, log_level) -> None:
     """Serve the engines over an OpenAI-compatible HTTP API (completions, chat, streaming).
 
     \b
@@ -395,7 +458,8 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     sock = bind(host, port)
     folder, opened = _engines(engines_dir, opened, cfg, log)
     log(f"loading {folder}")
-    gen = load_generator(folder, threads=threads, opened=opened, slots=max_batch, max_queue=max_queue)
+    gen = load_generator(folder, threads=threads, opened=opened, slots=max_batch, max_queue=max_queue,
+                         prefix_cache=prefix_cache)
     with gen:                                    # closed after the drain, or if serving fails
         svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
                       allowed=allowed, backend=gen.backend, max_body=int(max_body_mb * (1 << 20)),

@@ -16,6 +16,9 @@ from .errors import ConfigError
 
 # Largest number of new tokens one model call takes (ModelRunner's step buffers are sized by it).
 MAX_STEP_TOKENS = 256
+# Prompt tokens per prefill call; chunks end at multiples of it, and the prefix cache stores blocks of
+# it (runtime/prefix_cache.py), so a stored row is the row a cold prefill computes, bit for bit.
+PREFILL_CHUNK = 64
 
 STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=False)
 

@@ -114,6 +114,8 @@ class Config(Strict):
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
     max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
     slots: Annotated[int, Field(ge=1, le=256)] = 4     # requests served at once (KV slots, batch rows)
+    # prompt tokens kept per model across requests (prefix caching; default max_seq_len, 0 = off)
+    prefix_cache: Annotated[int, Field(ge=0, le=1 << 22)] | None = None
     threads: Annotated[int, Field(ge=0, le=1024)] = 0
     strategy: str = "ar"
     strategies: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -197,7 +199,7 @@ class Config(Strict):
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
-        for k in ("device", "cuda_graphs", "buckets", "slots"):   # runtime choices, not build inputs
+        for k in ("device", "cuda_graphs", "buckets", "slots", "prefix_cache"):   # runtime choices, not build inputs
             keep.pop(k, None)
         from .backends import BACKENDS         # torch quantizes at load; onnxruntime builds it into the graph
         for role in ("target", "draft"):

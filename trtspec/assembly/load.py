@@ -114,15 +114,17 @@ def load_tokenizer(folder: str | Path, manifest: dict):
 
 def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
                    config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
-                   tokenizer=None, slots: int | None = None, max_queue: int | None = None) -> Generator:
+                   tokenizer=None, slots: int | None = None, max_queue: int | None = None,
+                   prefix_cache: int | None = None) -> Generator:
     """Engines + KV buffers + tokenizer of an engine folder (see `open_folder` for the arguments;
     pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice)."""
     folder = Path(folder)
     manifest, cfg, backend = opened or open_folder(folder, backend, config)
     threads = cfg.threads if threads is None else threads
     slots = slots or cfg.slots
+    prefix_cache = next((p for p in (prefix_cache, cfg.prefix_cache) if p is not None), cfg.max_seq_len)
     if cfg.device == "cpu":
-        fit(folder, manifest, cfg.max_seq_len, slots)      # refused in one line before anything loads
+        fit(folder, manifest, cfg.max_seq_len, slots, stored=prefix_cache)   # refused in one line before loading
     if threads:
         torch.set_num_threads(threads)
     target = load_role(folder, "target", manifest, cfg, backend, threads)
@@ -130,7 +132,8 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
-                    buckets=cfg.buckets.model_dump(), slots=slots, max_queue=max_queue, owns_engines=True)
+                    buckets=cfg.buckets.model_dump(), slots=slots, max_queue=max_queue, owns_engines=True,
+                    prefix_cache=prefix_cache)
     gen.config = cfg
     gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
     if uses_auto(cfg):

@@ -27,6 +27,7 @@ class Need:
     row_bytes: dict[str, int]      # role -> bytes of one KV row (one position, every layer, K and V)
     rows: int                      # KV rows a slot holds (capacity + headroom)
     slots: int
+    stored: int = 0                # rows of the prefix cache's store (runtime/prefix_cache.py)
 
     def pool(self, role: str, slots: int | None = None, rows: int | None = None) -> int:
         s = self.slots if slots is None else slots
@@ -34,10 +35,11 @@ class Need:
         return self.row_bytes[role] * r * s * (2 if s > 1 else 1)      # pool + batch staging
 
     def total(self, slots: int | None = None, rows: int | None = None) -> int:
-        return sum(self.weights.values()) + sum(self.pool(role, slots, rows) for role in self.row_bytes)
+        return sum(self.weights.values()) + sum(self.pool(role, slots, rows) + self.row_bytes[role] * self.stored
+                                                for role in self.row_bytes)
 
 
-def need(folder: Path, manifest: dict, capacity: int, slots: int) -> Need:
+def need(folder: Path, manifest: dict, capacity: int, slots: int, stored: int = 0) -> Need:
     weights, row_bytes = {}, {}
     for role, info in manifest["models"].items():
         spec = ModelSpec.from_dict(info["spec"])
@@ -45,7 +47,7 @@ def need(folder: Path, manifest: dict, capacity: int, slots: int) -> Need:
         elt = 8 if info.get("attention") == "fp64" else elt                        # ... or fp64 (exact attention)
         row_bytes[role] = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * elt
         weights[role] = sum(f["bytes"] for rel, f in manifest.get("files", {}).items() if rel.startswith(f"{role}/"))
-    return Need(weights, row_bytes, capacity + MAX_BATCH_TOKENS, slots)
+    return Need(weights, row_bytes, capacity + MAX_BATCH_TOKENS, slots, stored)
 
 
 def available_bytes() -> int | None:
@@ -77,9 +79,11 @@ def gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n / (1 << 20):.0f} MiB"
 
 
-def fit(folder: Path, manifest: dict, capacity: int, slots: int, available: int | None = None) -> Need:
-    """EngineError unless weights + KV pools fit in the available memory (checked before loading)."""
-    n = need(folder, manifest, capacity, slots)
+def fit(folder: Path, manifest: dict, capacity: int, slots: int, available: int | None = None,
+        stored: int = 0) -> Need:
+    """EngineError unless weights + KV pools + prefix stores fit in the available memory (checked
+    before loading)."""
+    n = need(folder, manifest, capacity, slots, stored)
     avail = available_bytes() if available is None else available
     if avail is None:
         return n
@@ -90,12 +94,15 @@ def fit(folder: Path, manifest: dict, capacity: int, slots: int, available: int 
     per_row = sum(n.pool(role, rows=1) for role in n.row_bytes)    # at the given slots
     best_len = (budget - sum(n.weights.values())) // per_row - MAX_BATCH_TOKENS if per_row else 0
     parts = ", ".join([f"weights {gib(sum(n.weights.values()))}"] +
-                      [f"{role} KV pool {gib(n.pool(role))}" for role in n.row_bytes])
+                      [f"{role} KV pool {gib(n.pool(role))}" for role in n.row_bytes] +
+                      ([f"prefix cache {gib(sum(n.row_bytes.values()) * stored)}"] if stored else []))
     advice = []
     if best_slots:
         advice.append(f"at most {best_slots} slots (--max-batch / slots) at max_seq_len {capacity}")
     if best_len >= 16:
         advice.append(f"max_seq_len at most {int(best_len)} with {slots} slots")
+    if stored:
+        advice.append("a smaller prefix_cache (tokens; 0 = off)")
     fix = "; ".join(advice) if advice else "the weights alone do not fit: use a smaller or quantized model"
     raise EngineError(f"{folder} with {slots} slots of {capacity} tokens needs {gib(n.total())} ({parts}; "
                       f"with more than one slot the pools include the batch staging copy) but this machine has "

@@ -1,4 +1,4 @@
-"""DecodeState: one request's sequence, runners, sampling, RNG, budget and step stats.
+"""DecodeState: one request's sequence, runners, sampling (and its grammar state), RNG, budget and step stats.
 
 A DecodeState belongs to one request. Strategies read it to propose a tree (strategies/base.py);
 the shared step (step.py) verifies the tree, commits both caches and appends the step's stats.
@@ -11,6 +11,9 @@ import numpy as np
 import torch
 
 from .budget import Budget, FixedBudget
+from .grammar import GrammarState
+from .logits import TokenLogprob
+from .prefix_cache import PrefixStore
 from .runner import Calls, ModelRunner
 from .sampling import SamplingParams, probs_from_logits
 
@@ -39,6 +42,11 @@ class DecodeState:
     record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
     budget: Budget = field(default_factory=FixedBudget)
     strategy_state: dict = field(default_factory=dict)   # what a strategy keeps for this request (by name)
+    prompt_len: int = 0                  # seq[:prompt_len] is the prompt (penalties, min_tokens count the rest)
+    stop_ids: frozenset[int] = frozenset()
+    grammar: GrammarState | None = None  # the output's grammar, having consumed the output so far
+    step_logprobs: list[TokenLogprob] = field(default_factory=list)   # the last step's, when asked for
+    draft_store: PrefixStore | None = None   # the draft's prefix store (a lazily prefilled draft restores from it)
 
     @property
     def root(self) -> int:
@@ -51,6 +59,15 @@ class DecodeState:
         self.seq[self.n_tokens:self.n_tokens + len(toks)] = toks
         self.n_tokens += len(toks)
 
+    def constrain(self, logits: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+        """Draft logits [n, V] with what the grammar forbids after each row's path (its tokens after
+        the root) at -inf, so the draft never proposes it and a sampled child's q is the masked
+        distribution it was really drawn from. `logits` itself without a grammar."""
+        if self.grammar is None:
+            return logits
+        allowed = torch.from_numpy(self.grammar.masks(paths)).to(logits.device)
+        return logits.float().masked_fill(~allowed[:, :logits.shape[-1]], float("-inf"))
+
     def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         return probs_from_logits(logits, self.sampling)
 
@@ -61,7 +78,12 @@ class DecodeState:
         forward feeds the rest with the root."""
         cache = self.draft.cache
         if self.n_tokens - 1 - cache.length > CATCH_UP:
+            store, prompt = self.draft_store, self.seq[:self.prompt_len - 1].tolist()
+            if store is not None and cache.length == 0:
+                store.reuse(prompt, cache)
             yield from self.draft.prefill(self.seq[cache.length:self.n_tokens - 1].tolist())
+            if store is not None:
+                store.keep(prompt, cache)
 
     def pending(self) -> list[int]:
         """Tokens the draft has not seen yet, the root last (fed with the tree's first draft forward)."""

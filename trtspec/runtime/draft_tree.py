@@ -74,7 +74,7 @@ class DraftTree:
         logits = yield from tree.runner.extend(tree.pending)      # feeds the root
         st.budget.opened(len(tree.pending))
         tree.row[0] = len(tree.pending) - 1
-        dists = tree._dist(logits)
+        dists = tree._dist(logits, [0])
         tree.probs[0] = dists[0]
         tree._read(dists, [0], [])
         tree.forwards += 1
@@ -126,9 +126,19 @@ class DraftTree:
         return self._known[parent, token]
 
     # -- draft forwards ----------------------------------------------------------------------
-    def _dist(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft distribution used to rank and draw children: the sampling transform when the target
-        samples (the exact q that sampled children come from), plain softmax for greedy runs."""
+    def path(self, node: int) -> list[int]:
+        """The tokens from the root's child down to `node` ([] for the root)."""
+        out = []
+        while node > 0:
+            out.append(int(self.tokens[node]))
+            node = int(self.parents[node])
+        return out[::-1]
+
+    def _dist(self, logits: torch.Tensor, nodes: list[int]) -> torch.Tensor:
+        """Draft distribution used to rank and draw children of `nodes` (one logits row each): the
+        sampling transform when the target samples (the exact q that sampled children come from),
+        plain softmax for greedy runs; with a grammar, what it forbids after each node is masked."""
+        logits = self.st.constrain(logits, [self.path(n) for n in nodes]) if self.st.grammar is not None else logits
         if self.st.sampling.greedy:
             return torch.softmax(logits.float(), -1)
         return self.st.draft_probs(logits)
@@ -160,7 +170,7 @@ class DraftTree:
         pos = torch.from_numpy(self.base_pos + self.depth[idx])
         logits = yield from self.runner.run(toks, pos, torch.from_numpy(mask))
         self.forwards += 1
-        dists = self._dist(logits)
+        dists = self._dist(logits, batch)
         for i, node in enumerate(batch):
             self.row[node] = scratch + i
             self.row_owner.append(node)

@@ -19,7 +19,7 @@ import atexit
 import threading
 import time
 import weakref
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -27,8 +27,10 @@ from ..errors import RequestError
 from .batch import Batcher
 from .costs import CostModel, load_or_measure, measure
 from .engine import Engine
+from .grammar import Grammars
 from .kv_cache import CapacityError
-from .request import GenerationResult, Request, Slot
+from .prefix_cache import BLOCK, PrefixStore
+from .request import GenerationResult, Handle, Request, Slot
 from .runner import ModelRunner
 from .sampling import SamplingParams
 from .scheduler import Scheduler
@@ -43,7 +45,7 @@ class Generator:
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
                  slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None,
-                 owns_engines: bool = False):
+                 owns_engines: bool = False, prefix_cache: int | None = None):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
@@ -60,6 +62,11 @@ class Generator:
                            np.zeros(capacity, dtype=np.int64))
                       for i in range(slots)]
         self.pools = pools
+        # Prefix caching: `prefix_cache` prompt tokens per model kept across requests (default: one
+        # slot's worth, `capacity`; 0 = off). Only the scheduler thread touches the stores.
+        rows = capacity if prefix_cache is None else prefix_cache
+        self.stores = {role: PrefixStore(pool, rows) for role, pool in pools.items()} if rows >= BLOCK else {}
+        self.grammars = Grammars(tokenizer, vocab, self.stop_ids)     # compiles requests' grammars (structured outputs)
         self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue)
         # Step costs for budget: auto: given, else at the first such request the engine folder's
         # (costs_folder, set by load_generator: stored, or measured and stored) or measured here.
@@ -87,12 +94,16 @@ class Generator:
         `overrides` (strategies.strategy: checked runnable with this generator's draft or none)."""
         return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None, **overrides)
 
-    def submit(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
-               sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,
-               timeout: float | None = None, ignore_eos: bool = False):
-        """Queue a request (thread-safe); returns its Handle. Bad input raises here, in the caller.
-        `timeout`: seconds after which the request is ended with finish_reason "deadline".
-        `ignore_eos`: run to max_new_tokens through stop tokens (benchmarks)."""
+    def request(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
+                sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,
+                timeout: float | None = None, ignore_eos: bool = False, stop_token_ids: list[int] = (),
+                leader: Request | None = None) -> Request:
+        """Queue a request (thread-safe); returns it (`submit` returns its Handle). Bad input raises
+        here, in the caller. `timeout`: seconds after which the request is ended with finish_reason "deadline".
+        `ignore_eos`: run to max_new_tokens through stop tokens (benchmarks).
+        `stop_token_ids`: more tokens that end the output (kept in it, like the model's own stops).
+        `sampling` carries the logit rules (penalties, logit_bias, min_tokens, a grammar) and
+        `logprobs`; a grammar is compiled here, so a bad one raises here too."""
         strat = self.strategy(strategy)
         if not prompt_ids:
             raise RequestError("the prompt is empty: give at least one token")
@@ -103,12 +114,46 @@ class Generator:
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         check_capacity(len(prompt_ids), max_new_tokens, strat, self.capacity)
-        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed,
-                      frozenset() if ignore_eos else frozenset(self.stop_ids),
+        extra = [t for t in stop_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if extra:
+            raise RequestError(f"stop token id {extra[0]!r} is outside the model's vocabulary (0..{vocab - 1})")
+        bias = [t for t, _ in sampling.logit_bias if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bias:
+            raise RequestError(f"logit_bias token id {bias[0]!r} is outside the model's vocabulary (0..{vocab - 1})")
+        grammar = None
+        if sampling.grammar is not None:
+            if ignore_eos:
+                raise RequestError("a grammar ends the output with a stop token: it cannot be combined with ignore_eos")
+            grammar = self.grammars.start(sampling.grammar)
+        stops = frozenset(stop_token_ids) | (frozenset() if ignore_eos else frozenset(self.stop_ids))
+        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed, stops,
                       record_trees, None if timeout is None else time.monotonic() + timeout,
-                      self.step_costs() if strat.auto_nodes() is not None else None, self.scheduler.batch)
+                      self.step_costs() if strat.auto_nodes() is not None else None, self.scheduler.batch,
+                      grammar=grammar, stores=self.stores, leader=leader)
         self.scheduler.submit(req)
-        return req.handle
+        return req
+
+    def submit(self, prompt_ids: list[int], **kwargs) -> Handle:
+        """Queue a request (thread-safe); returns its Handle. Bad input raises here, in the caller.
+        Arguments: `request`'s."""
+        return self.request(prompt_ids, **kwargs).handle
+
+    def submit_choices(self, prompt_ids: list[int], n: int, seed: int = 0, **kwargs) -> list[Handle]:
+        """`n` choices of one prompt (OpenAI's `n`): one prefill, whose rows the other choices copy
+        into their own slots; choice i samples with its own RNG stream (choice 0 with `seed` itself,
+        so it equals a lone request's answer; the others with seeds derived from (seed, i)), so
+        `seed` reproduces the whole set. Other arguments: `request`'s."""
+        if not (isinstance(n, int) and 1 <= n <= len(self.slots) * 4):
+            raise RequestError(f"n must be an integer in 1..{len(self.slots) * 4}, got {n!r}")
+        reqs = [self.request(prompt_ids, seed=seed, **kwargs)]
+        try:
+            for i in range(1, n):
+                reqs.append(self.request(prompt_ids, seed=choice_seed(seed, i), leader=reqs[0], **kwargs))
+        except Exception:
+            for r in reqs:                   # all or nothing (e.g. the queue filled up midway)
+                r.handle.cancel()
+            raise
+        return [r.handle for r in reqs]
 
     def generate(self, prompt_ids: list[int], **kwargs) -> GenerationResult:
         """Run to completion. kwargs as for `submit`."""
@@ -148,14 +193,14 @@ class Generator:
                     engine.close()
         _open.discard(self)
 
-    def __enter__(self) -> "Generator":
+    def __enter__(self) -> Generator:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-_open: "weakref.WeakSet[Generator]" = weakref.WeakSet()
+_open: weakref.WeakSet[Generator] = weakref.WeakSet()
 
 
 @atexit.register
@@ -177,6 +222,11 @@ def decode_pieces(tokenizer, steps: Iterator[list[int]]) -> Iterator[str]:
             return done.value
         if piece := text.feed(emitted):
             yield piece
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """Choice i's seed (i >= 1) of a request seeded `seed`: its own stream, fixed by (seed, i)."""
+    return int(np.random.SeedSequence([seed % (1 << 64), i]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def room_for(prompt_len: int, strat: Strategy, capacity: int) -> int:

@@ -103,6 +103,19 @@ class KVCache:
         self.reset()
         self.length = rows
 
+    def load(self, parts: list[torch.Tensor]) -> None:
+        """Commit rows computed elsewhere (`parts`: [L, 2, Hkv, n_i, D] each, in order: a stored prefix,
+        another slot's prompt) as this empty cache's first rows."""
+        assert self.length == 0 and self.scratch == 0, "load fills an empty cache"
+        n = sum(p.shape[3] for p in parts)
+        if n > self.capacity:
+            raise CapacityError(f"{n} loaded rows exceed the cache's {self.capacity}")
+        at = 0
+        for p in parts:
+            self.buf[:, :, :, at:at + p.shape[3]].copy_(p)
+            at += p.shape[3]
+        self.length = n
+
     def commit(self, rows) -> None:
         """Keep scratch rows `rows` (indices relative to `length`, ascending) as committed tokens."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -20,18 +20,20 @@ verifies or commits.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
+import torch
 
 from .tree import TokenTree
 
 # Who proposed a node: the draft model; a suffix trie (suffix.py); a cheap chain the draft reviewed
 # and kept (staged's stage 2, cascade's MaG: valued by the draft's probabilities); the n-gram copy
-# (the `ngram` strategy's unreviewed chain).
-SOURCES = ("draft", "suffix", "review", "ngram")
-DRAFT, SUFFIX, REVIEW, NGRAM = range(len(SOURCES))
+# (the `ngram` strategy's unreviewed chain); a grammar that leaves one legal token (jump-forward:
+# grammar.py, added by the step, accepted whenever its parent is).
+SOURCES = ("draft", "suffix", "review", "ngram", "grammar")
+DRAFT, SUFFIX, REVIEW, NGRAM, GRAMMAR = range(len(SOURCES))
 
 
 @dataclass
@@ -56,9 +58,48 @@ class Proposal:
         return {name: [int(proposed[i]), int(accepted[i])] for i, name in enumerate(SOURCES) if proposed[i]}
 
     @classmethod
-    def root(cls, root: int) -> "Proposal":
+    def root(cls, root: int) -> Proposal:
         """The root alone: a plain ar step."""
         return cls(TokenTree.chain(root, []))
+
+    def subset(self, keep: np.ndarray) -> Proposal:
+        """This proposal with only the nodes `keep` marks (a bool per node: the root and, for each kept
+        node, its parent), renumbered in order. Dropping a sampled child leaves its later siblings' q
+        rows as they were drawn from, so verification stays exact (step.py prunes what a grammar
+        forbids this way)."""
+        idx = np.flatnonzero(keep)
+        new = np.full(len(keep), -1, dtype=np.int64)
+        new[idx] = np.arange(len(idx))
+        t = self.tree
+        parents = np.where(t.host_parents[idx] >= 0, new[t.host_parents[idx].clip(min=0)], -1)
+        q = None if t.q is None else t.q[torch.from_numpy(idx).to(t.q.device)]
+        n = len(keep)
+        node_q = None if self.node_q is None else (lambda f=self.node_q: np.asarray(f())[idx])
+        return replace(
+            self, tree=TokenTree(t.host_tokens[idx], parents, q, t.device),
+            draft_rows=None if self.draft_rows is None else np.asarray(self.draft_rows)[idx], node_q=node_q,
+            nodes={k: [v[i] for i in idx] if len(v) == n else v for k, v in self.nodes.items()},
+            path_flags={k: np.asarray(v)[idx] for k, v in self.path_flags.items()},
+            source=None if self.source is None else np.asarray(self.source)[idx],
+            stats={**self.stats, "pruned": n - len(idx)})
+
+    def extend(self, parents: list[int], tokens: list[int], source: int) -> "Proposal":
+        """This proposal with deterministic nodes added after its own (parents: existing nodes or
+        earlier added ones): q = one-hot, no draft row (the draft catches up on them later)."""
+        t, n, k = self.tree, len(self.tree), len(tokens)
+        q = None if t.q is None else torch.cat([t.q, torch.full((k, t.q.shape[1]), float("nan"), dtype=t.q.dtype,
+                                                               device=t.q.device)])
+        src = np.zeros(n, dtype=np.int64) if self.source is None else np.asarray(self.source, dtype=np.int64)
+        nan = np.full(k, np.nan)
+        node_q = None if self.node_q is None else (lambda f=self.node_q: np.concatenate([np.asarray(f()), nan]))
+        return replace(
+            self, tree=TokenTree(np.concatenate([t.host_tokens, tokens]), np.concatenate([t.host_parents, parents]),
+                                 q, t.device),
+            draft_rows=None if self.draft_rows is None else np.concatenate([self.draft_rows, np.full(k, -1)]),
+            node_q=node_q, source=np.concatenate([src, np.full(k, source)]),
+            nodes={key: list(v) + [False] * k if len(v) == n else v for key, v in self.nodes.items()},
+            path_flags={key: np.concatenate([np.asarray(v), np.zeros(k, dtype=bool)]) for key, v in self.path_flags.items()},
+            stats={**self.stats, "forced": k})
 
     def draft_commit(self, path: np.ndarray) -> list[int]:
         """The draft scratch rows to keep once `path` (tree node indices, root first) is accepted."""

@@ -25,6 +25,8 @@ from .batch import Call
 from .budget import BatchView, make_budget
 from .costs import CostModel
 from .decode import DecodeState, StepStats
+from .grammar import GrammarState
+from .logits import TokenLogprob
 from .runner import Calls, ModelRunner
 from .sampling import SamplingParams
 from .step import step
@@ -39,6 +41,15 @@ class GenerationResult:
     stats: dict = field(default_factory=dict)
     steps: list[StepStats] = field(default_factory=list)
     finish_reason: str = "length"        # stop | length | cancelled | deadline
+    logprobs: list[TokenLogprob] | None = None    # one per new token, when SamplingParams.logprobs asked
+
+
+class Emitted(list):
+    """One step's tokens as a Handle yields them (a list of ids), with their `logprobs` when asked."""
+
+    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob] | None = None):
+        super().__init__(tokens)
+        self.logprobs = logprobs
 
 
 @dataclass
@@ -101,7 +112,7 @@ class Handle:
             raise self._error
         return self._result
 
-    def __iter__(self) -> "Handle":
+    def __iter__(self) -> Handle:
         return self
 
     def _get(self) -> list[int] | None:
@@ -119,7 +130,7 @@ class Handle:
             raise StopIteration
         return item
 
-    def __aiter__(self) -> "Handle":
+    def __aiter__(self) -> Handle:
         return self
 
     async def __anext__(self) -> list[int]:
@@ -149,15 +160,21 @@ class Request:
     deadline: float | None = None        # time.monotonic() after which the request is ended
     costs: CostModel | None = None       # the generator's step costs (budget: auto)
     batch: BatchView | None = None       # the scheduler's view of the last target phase (budget: auto)
+    grammar: GrammarState | None = None  # its own matcher, when sampling.grammar is set
+    stores: dict | None = None           # role -> PrefixStore: prompt rows kept across requests (prefix caching)
+    leader: Request | None = None        # for choices 2..n of one request: the choice whose prompt rows it copies
     id: int = field(default_factory=lambda: next(_ids))
     handle: Handle = field(init=False)
     slot: Slot | None = None
     coro: Calls | None = None
     call: Call | None = None             # the model call it waits on
     out: list[int] = field(default_factory=list)
+    out_logprobs: list[TokenLogprob] = field(default_factory=list)
     state: DecodeState | None = None
     t0: float = 0.0
     prefill_s: float = 0.0
+    prefilled: bool = False              # its prompt rows are in its slot (choices waiting on it may start)
+    cached_tokens: int = 0               # prompt tokens not prefilled: loaded from the prefix store or the leader
 
     def __post_init__(self) -> None:
         self.handle = Handle(self.id)
@@ -169,7 +186,8 @@ class Request:
         budget = make_budget(strat.auto_nodes(), self.costs, self.batch, self.id, self.max_new_tokens)
         rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
         st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
-                         record_trees=self.record_trees, budget=budget)
+                         record_trees=self.record_trees, budget=budget, prompt_len=len(self.prompt),
+                         stop_ids=self.stop_ids, grammar=self.grammar)
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()
@@ -177,9 +195,11 @@ class Request:
         # draft cache may lag (catching up when a tree opens): under budget auto it is prefilled only
         # at the request's first drafted step, so a request that never drafts (a full batch) never
         # pays for it.
-        yield from st.target.prefill(list(self.prompt[:-1]))
+        yield from self.prefill(st.target, "target")
         if st.draft is not None and not budget.adaptive:
-            yield from st.draft.prefill(list(self.prompt[:-1]))
+            yield from self.prefill(st.draft, "draft")
+        st.draft_store = (self.stores or {}).get("draft") if st.draft is not None else None
+        self.prefilled = True
         self.prefill_s = time.perf_counter() - self.t0
         finish = "length"
         while len(self.out) < self.max_new_tokens:
@@ -188,18 +208,49 @@ class Request:
             if stop_at is not None:
                 emitted = emitted[: stop_at + 1]
             st.append(emitted)
+            if st.grammar is not None:
+                st.grammar.consume(emitted)
             self.out += emitted
-            self.handle._tokens(emitted)
+            logprobs = st.step_logprobs[:len(emitted)] if self.sampling.logprobs is not None else None
+            self.out_logprobs += logprobs or []
+            self.handle._tokens(Emitted(emitted, logprobs))
             if stop_at is not None:
                 finish = "stop"
                 break
         strat.finished(st, self.prompt, self.out)
         return self.result(finish)
 
+    def ready(self) -> bool:
+        """Whether the scheduler may start it: a choice waits until its leader's prompt rows are in
+        the leader's slot (or the leader ended without them: then it prefills on its own)."""
+        return self.leader is None or self.leader.prefilled or self.leader.handle.done
+
+    def prefill(self, runner: ModelRunner, role: str) -> Calls:
+        """Commit the prompt but its last token: copied from the leader's slot (a choice of the same
+        request), else the prefix store's longest stored prefix and a prefill of the rest; the prompt's
+        full blocks are then stored for later requests."""
+        prompt = list(self.prompt[:-1])
+        source = self.leader.slot if self.leader is not None and self.leader.slot is not None else None
+        source = getattr(source, role, None)
+        store = (self.stores or {}).get(role)
+        if source is not None and source.cache.length >= len(prompt) and prompt:
+            runner.cache.load([source.cache.buf[:, :, :, :len(prompt)]])
+            done = len(prompt)
+        else:
+            done = store.reuse(prompt, runner.cache) if store is not None else 0
+        if role == "target":
+            self.cached_tokens = done
+        yield from runner.prefill(prompt[done:])
+        if store is not None:
+            store.keep(prompt, runner.cache)
+
     def result(self, finish: str) -> GenerationResult:
         steps = self.state.steps if self.state is not None else []
         seconds = time.perf_counter() - self.t0 if self.t0 else 0.0
-        return GenerationResult(list(self.out), stats(self.out, steps, seconds, self.prefill_s), steps, finish)
+        logprobs = list(self.out_logprobs) if self.sampling.logprobs is not None else None
+        out = stats(self.out, steps, seconds, self.prefill_s)
+        out["cached_prompt_tokens"] = self.cached_tokens
+        return GenerationResult(list(self.out), out, steps, finish, logprobs)
 
 
 def stats(out: list[int], steps: list[StepStats], seconds: float, prefill_s: float) -> dict:

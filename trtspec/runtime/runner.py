@@ -14,7 +14,7 @@ from typing import Generator as Coroutine
 
 import torch
 
-from ..options import MAX_STEP_TOKENS
+from ..options import MAX_STEP_TOKENS, PREFILL_CHUNK
 from .batch import Batcher, Call
 from .kv_cache import KVCache
 from .tree import TokenTree
@@ -82,12 +82,16 @@ class ModelRunner:
         rows = self._iota[t - 1:t] if last_only else None
         return (yield from self.run(ids, pos, new_mask, rows, phase))
 
-    def prefill(self, tokens: list[int], chunk: int = MAX_STEP_TOKENS) -> Calls:
-        """Commit `tokens` in chunks of at most `chunk`."""
-        for i in range(0, len(tokens), chunk):
-            part = tokens[i:i + chunk]
+    def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> Calls:
+        """Commit `tokens` in chunks that end at multiples of `chunk` in the sequence: a row is computed
+        by the same call whatever came before it in the cache (a stored prefix, or a cold prefill), so
+        prefix caching is exact by construction (prefix_cache.py)."""
+        i = 0
+        while i < len(tokens):
+            part = tokens[i:i + chunk - self.cache.length % chunk]
             yield from self.extend(part, last_only=True, phase="prefill")
             self.cache.commit(range(len(part)))
+            i += len(part)
 
     def verify(self, tree: TokenTree) -> Calls:
         """One forward over a whole tree placed after the committed prefix; logits for every node."""

@@ -2,6 +2,10 @@
 
 Lossless means: emitted tokens are distributed exactly as the target's tokens would be under these
 same parameters (temperature, then top-k, then top-p), so both sides use this one function.
+
+The rules that reshape the target's logits before that (penalties, `logit_bias`, `min_tokens`, a
+grammar) depend on the tokens before each position, so they are applied per tree node by
+logits.py; `logprobs` asks for the target's log-probabilities of the emitted tokens.
 """
 from __future__ import annotations
 
@@ -22,6 +26,16 @@ class SamplingParams:
     temperature: float = 0.0   # 0 = greedy
     top_k: int = 0             # 0 = off
     top_p: float = 1.0         # 1 = off
+    # Logit rules, applied to the target's logits at every node in this order (vLLM's): repetition
+    # (prompt and output tokens), frequency and presence (output tokens), logit_bias, min_tokens (stop
+    # tokens masked until that many were emitted), the grammar's mask. All off by default.
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    grammar: object = None     # grammar.Grammar: the output must match it
+    logprobs: int | None = None   # report each emitted token's log-probability and this many alternatives
 
     def __post_init__(self) -> None:
         # `not (a <= x)` rather than `x < a`, so nan (which fails every comparison) is refused too.
@@ -31,10 +45,30 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
         if not isinstance(self.top_k, numbers.Integral) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise RequestError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (0 < self.repetition_penalty < math.inf):
+            raise RequestError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not (-math.inf < getattr(self, name) < math.inf):
+                raise RequestError(f"{name} must be a finite number (0 = off), got {getattr(self, name)}")
+        if any(not math.isfinite(b) for _, b in self.logit_bias):
+            raise RequestError("logit_bias values must be finite numbers")
+        if not isinstance(self.min_tokens, numbers.Integral) or self.min_tokens < 0:
+            raise RequestError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.logprobs is not None and not (isinstance(self.logprobs, numbers.Integral) and 0 <= self.logprobs <= 20):
+            raise RequestError(f"logprobs (alternatives per token) must be an integer in 0..20, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether any rule reshapes the target's logits (else verification reads them as they are)."""
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0 or self.grammar is not None
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

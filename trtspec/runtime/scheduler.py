@@ -131,11 +131,18 @@ class Scheduler:
             req.handle._finish(None, error)
 
     def _admit(self) -> None:
-        while self.waiting and self.free:
-            req = self.waiting.popleft()
+        """Start waiting requests in free slots, in order; a choice whose leader has not prefilled yet
+        keeps its place (requests behind it may go first)."""
+        for req in list(self.waiting):
+            if not self.free:
+                break
             if req.handle.cancelled:
+                self.waiting.remove(req)
                 req.handle._finish(req.result("cancelled"))
                 continue
+            if not req.ready():
+                continue
+            self.waiting.remove(req)
             req.slot = self.free.pop()
             req.coro = req.lifecycle()
             self.active.append(req)

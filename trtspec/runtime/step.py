@@ -2,8 +2,12 @@
 
     propose (the strategy; when the budget's ar gate says no draft forward pays, only what the
     strategy can propose for free: a suffix tree, or the root alone, a plain ar step)
-    -> one target forward over the tree -> exact acceptance (verify.py)
-    -> commit the accepted rows of the target cache and of the draft cache -> report
+    -> the grammar's masks over the tree, nodes it forbids pruned, tokens it forces added (grammar.py;
+    with a grammar only)
+    -> one target forward over the tree -> each node's logits under the request's rules (logits.py:
+    penalties of its own path, logit_bias, min_tokens, the grammar's mask) -> exact acceptance
+    (verify.py) -> commit the accepted rows of the target cache and of the draft cache
+    -> logprobs of the emitted tokens (when asked) -> report
 
 It is a coroutine of model calls (runner.py), so the scheduler batches many requests' steps.
 Verification and commits happen here only: a strategy proposes a tree and never touches a cache's
@@ -14,6 +18,7 @@ from __future__ import annotations
 import time
 
 from .decode import DecodeState, StepStats
+from .logits import shape, token_logprobs
 from .proposal import Proposal
 from .runner import Calls
 from .sampling import probs_from_logits
@@ -35,8 +40,12 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     """One target forward over the proposal's tree, exact acceptance, both caches committed, the step's
     stats appended. Returns (emitted tokens, accepted path as tree node indices, root first)."""
     t0 = time.perf_counter()
+    masks = None
+    if st.grammar is not None:             # forbidden drafts pruned, forced tokens added (jump-forward)
+        proposal, masks = st.grammar.fit(proposal)
     tree = proposal.tree.to(st.target.engine.device)
-    logits = yield from st.target.verify(tree)
+    raw = yield from st.target.verify(tree)
+    logits = shape(st, tree, raw, masks)
     if st.sampling.greedy:
         path, nxt = verify_greedy(tree, logits)
     else:
@@ -45,6 +54,8 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     if proposal.draft_rows is not None:
         st.draft.cache.commit(proposal.draft_commit(path))
     emitted = tree.host_tokens[path[1:]].tolist() + [nxt]
+    if st.sampling.logprobs is not None:
+        st.step_logprobs = token_logprobs(raw, path, emitted, st.sampling.logprobs)
     verify_s = time.perf_counter() - t0
     extra = dict(proposal.stats)
     extra.update({name: bool(flags[path].any()) for name, flags in proposal.path_flags.items()})

@@ -27,6 +27,7 @@ from ..export.contract import CONTRACT_VERSION
 from ..runtime.generator import Generator
 from ..runtime.prompts import Prompt, encode, has_chat_template
 from ..runtime.strategies import STRATEGIES
+from . import logprobs as lp_json
 from .jobs import Job, follow, outcome, start
 from .metrics import Metrics
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_responses, validation_error
@@ -53,7 +54,7 @@ class Service:
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.gen.scheduler, len(self.gen.slots))
+        self.metrics = Metrics(self.gen.scheduler, len(self.gen.slots), self.gen.stores)
 
     @property
     def tokenizer(self):
@@ -188,27 +189,38 @@ def model_card(svc: Service) -> dict:
             "max_model_len": svc.gen.capacity}
 
 
-async def respond(svc: Service, body, job: Job, request: Request, chat: bool):
+async def respond(svc: Service, body, jobs: list[Job], request: Request, chat: bool):
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     if body.stream:
-        return StreamingResponse(events(svc, body, job, ident, chat), media_type="text/event-stream",
+        return StreamingResponse(events(svc, body, jobs, ident, chat), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    text = await until_done_or_gone(svc, job, request)
-    out = outcome(job, svc.metrics)
-    choice = {"index": 0, "logprobs": None, "finish_reason": out.finish_reason}
-    choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    done = await until_done_or_gone(svc, jobs, request)
+    outs = [outcome(job, svc.metrics) for job in jobs]
+    choices = []
+    for i, (job, (text, logprobs), out) in enumerate(zip(jobs, done, outs)):
+        choice = {"index": i, "logprobs": logprobs_json(svc, job, logprobs, chat), "finish_reason": out.finish_reason}
+        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        choices.append(choice)
     answer = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-              "model": svc.model, "choices": [choice], "usage": usage(job, out.completion_tokens)}
-    if out.stats is not None:
-        answer["speculative_stats"] = out.stats
+              "model": svc.model, "choices": choices, "usage": usage(jobs, outs)}
+    if outs[0].stats is not None:
+        answer["speculative_stats"] = outs[0].stats if len(outs) == 1 else [o.stats for o in outs]
     return answer
 
 
-async def until_done_or_gone(svc: Service, job: Job, request: Request) -> str:
-    """The whole text; a client that disconnects meanwhile cancels the request (freeing its slot)."""
-    async def collect() -> str:
-        return "".join([piece async for piece in follow(job, svc.metrics)])
-    task = asyncio.ensure_future(collect())
+def logprobs_json(svc: Service, job: Job, logprobs: list, chat: bool, offset: int = 0) -> dict | None:
+    if job.logprobs is None:
+        return None
+    return lp_json.chat(svc.tokenizer, logprobs) if chat else lp_json.completion(svc.tokenizer, logprobs, offset)
+
+
+async def until_done_or_gone(svc: Service, jobs: list[Job], request: Request) -> list[tuple[str, list]]:
+    """Each choice's whole text and its tokens' logprobs; a client that disconnects meanwhile cancels
+    the requests (freeing their slots)."""
+    async def collect(job: Job) -> tuple[str, list]:
+        pieces = [piece async for piece in follow(job, svc.metrics)]
+        return "".join(text for text, _ in pieces), [lp for _, lps in pieces for lp in lps]
+    task = asyncio.ensure_future(asyncio.gather(*(collect(job) for job in jobs)))
     try:
         while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
@@ -217,49 +229,79 @@ async def until_done_or_gone(svc: Service, job: Job, request: Request) -> str:
     finally:                                         # gone, or this coroutine cancelled (drain timeout)
         if not task.done():
             task.cancel()
-            job.handle.cancel()
+            for job in jobs:
+                job.handle.cancel()
 
 
-async def events(svc: Service, body, job: Job, ident: str, chat: bool):
-    """Server-sent events: text deltas, a final chunk with finish_reason, usage if asked, [DONE]."""
+async def events(svc: Service, body, jobs: list[Job], ident: str, chat: bool):
+    """Server-sent events: each choice's text deltas (interleaved as they come, by `index`), a final
+    chunk per choice with its finish_reason, usage if asked, [DONE]."""
     created = int(time.time())
     extra = {"usage": None} if body.include_usage else {}
+    sent = [0] * len(jobs)                           # characters streamed per choice (completions' text_offset)
 
-    def chunk(delta: str | None, finish: str | None = None, role: bool = False, **more) -> str:
+    def chunk(i: int, delta: str | None, finish: str | None = None, role: bool = False, logprobs=None,
+              **more) -> str:
+        lps = None if logprobs is None else logprobs_json(svc, jobs[i], logprobs, chat, sent[i])
         if chat:
             d = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
-            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "delta": d, "logprobs": lps, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": i, "text": delta or "", "logprobs": lps, "finish_reason": finish}
         data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
                 "model": svc.model, "choices": [choice]} | extra | more
         return f"data: {json.dumps(data)}\n\n"
 
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, job: Job) -> None:
+        try:
+            async for piece, logprobs in follow(job, svc.metrics):
+                await queue.put((i, piece, logprobs))
+        finally:
+            queue.put_nowait((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, job)) for i, job in enumerate(jobs)]
+    outs = []
     try:
         if chat:
-            yield chunk("", role=True)
-        async for piece in follow(job, svc.metrics):
-            yield chunk(piece)
-    finally:                                         # the client left before `follow` began or ended
-        if not job.handle.done:
-            job.handle.cancel()
-    try:
-        out = outcome(job, svc.metrics)
-    except ApiError as e:                    # a deadline or a failure mid-stream: a final error event
-        yield f"data: {json.dumps(e.body())}\n\n"
-        yield "data: [DONE]\n\n"
-        return
-    yield chunk(None, out.finish_reason, **({"speculative_stats": out.stats} if out.stats is not None else {}))
+            for i in range(len(jobs)):
+                yield chunk(i, "", role=True)
+        running = len(jobs)
+        while running:
+            i, piece, logprobs = await queue.get()
+            if piece is not None:
+                yield chunk(i, piece, logprobs=logprobs if jobs[i].logprobs is not None else None)
+                sent[i] += len(piece)
+                continue
+            running -= 1
+            try:
+                out = outcome(jobs[i], svc.metrics)
+            except ApiError as e:            # a deadline or a failure mid-stream: a final error event
+                yield f"data: {json.dumps(e.body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            outs.append(out)
+            yield chunk(i, None, out.finish_reason, **({"speculative_stats": out.stats} if out.stats is not None else {}))
+    finally:                                         # the client left, or a choice failed
+        for task in tasks:
+            task.cancel()
+        for job in jobs:
+            if not job.handle.done:
+                job.handle.cancel()
     if body.include_usage:
         data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": svc.model, "choices": [], "usage": usage(job, out.completion_tokens)}
+                "model": svc.model, "choices": [], "usage": usage(jobs, outs)}
         yield f"data: {json.dumps(data)}\n\n"
     yield "data: [DONE]\n\n"
 
 
-def usage(job: Job, completion_tokens: int) -> dict:
-    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": job.prompt_tokens + completion_tokens}
+def usage(jobs: list[Job], outs: list) -> dict:
+    """The prompt once (its choices share one prefill), the completions of every choice."""
+    done = sum(out.completion_tokens for out in outs)
+    prompt = jobs[0].prompt_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": outs[0].cached_tokens if outs else 0}}
 
 
 class Gate:

@@ -1,6 +1,6 @@
 """One HTTP generation: settle its options, submit it to the Generator, follow it as text.
 
-`start` turns a validated body plus prompt ids into a running `Job` (or an ApiError: bad strategy
+`start` turns a validated body plus prompt ids into running `Job`s, one per choice (or an ApiError: bad strategy
 or option, prompt + max_tokens over capacity, queue full). `follow` yields the job's text as its
 steps arrive (stop strings cut it), records latency metrics, and cancels the request if the caller
 stops early, which is how a disconnected client frees its slot. `outcome` reads how it ended.
@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 from ..errors import ConfigError, RequestError
 from ..runtime.generator import room_for
+from ..runtime.grammar import GrammarError
 from ..runtime.kv_cache import CapacityError
 from ..runtime.request import Handle
 from ..runtime.sampling import SamplingParams
@@ -24,6 +25,7 @@ from ..runtime.text import TextStream
 from .protocol import ApiError, ChatRequest, Speculative, _Sampling
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16     # OpenAI's default for /v1/completions; chat defaults to what fits
+MAX_CHOICES = 4                        # n per request: at most this many per KV slot (they queue for slots)
 # Options only the server's config may set: files on the server (cascade's bigram), and what the
 # suffix strategy shares between requests (its global trie's scope and memory cap: a client must not
 # read another scope's history nor make the server hold new tries).
@@ -47,11 +49,13 @@ class Job:
     strategy: str
     prompt_tokens: int
     stats: bool                          # the client asked for speculation statistics
+    logprobs: int | None = None          # alternatives per token, when the client asked for logprobs
     t0: float = field(default_factory=time.perf_counter)
     first: float | None = None
 
 
-def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
+def start(svc, body: _Sampling, prompt_ids: list[int]) -> list[Job]:
+    """The request's `n` choices, running (one prefill: the other choices copy its prompt rows)."""
     spec = body.speculative or Speculative()
     name = spec.strategy or svc.strategy
     if name not in STRATEGIES:
@@ -74,10 +78,18 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
         room = room_for(len(prompt_ids), strat, gen.capacity)
         default = max(1, room) if isinstance(body, ChatRequest) else COMPLETION_DEFAULT_MAX_TOKENS
         limit = body.limit() or default
-        handle = gen.submit(prompt_ids, strategy=strat, max_new_tokens=limit,
-                            sampling=SamplingParams(body.temperature, max(body.top_k, 0), body.top_p),
-                            seed=secrets.randbits(63) if body.seed is None else body.seed,
-                            timeout=min(limits) if limits else None, ignore_eos=body.ignore_eos)
+        sampling = SamplingParams(
+            body.temperature, max(body.top_k, 0), body.top_p, repetition_penalty=body.repetition_penalty,
+            frequency_penalty=body.frequency_penalty, presence_penalty=body.presence_penalty,
+            logit_bias=tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items()),
+            min_tokens=body.min_tokens, grammar=body.grammar(), logprobs=body.n_logprobs())
+        if body.n > MAX_CHOICES * len(gen.slots):
+            raise ApiError(400, f"n must be at most {MAX_CHOICES * len(gen.slots)} on this server ({len(gen.slots)} "
+                                f"slots), got {body.n}", param="n")
+        handles = gen.submit_choices(prompt_ids, body.n, strategy=strat, max_new_tokens=limit, sampling=sampling,
+                                     seed=secrets.randbits(63) if body.seed is None else body.seed,
+                                     timeout=min(limits) if limits else None, ignore_eos=body.ignore_eos,
+                                     stop_token_ids=list(body.stop_token_ids or ()))
     except QueueFull as e:
         raise ApiError(429, f"server busy: {e}; retry shortly", code="queue_full", headers={"Retry-After": "1"})
     except CapacityError as e:
@@ -85,14 +97,20 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> Job:
                        code="context_length_exceeded")
     except ConfigError as e:
         raise ApiError(400, str(e).replace(f"strategies.{name}.", "speculative."), param="speculative")
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="structured_outputs" if body.structured_outputs else "response_format",
+                       code="invalid_grammar")
     except RequestError as e:
         raise ApiError(400, str(e))
     svc.metrics.prompt_tokens.inc(len(prompt_ids))
-    return Job(handle, TextStream(svc.tokenizer, body.stops()), name, len(prompt_ids), spec.stats)
+    return [Job(h, TextStream(svc.tokenizer, body.stops()), name, len(prompt_ids), spec.stats, body.n_logprobs())
+            for h in handles]
 
 
-async def follow(job: Job, metrics) -> AsyncIterator[str]:
-    """The job's text deltas until it ends; leaving early (a client gone) cancels the request."""
+async def follow(job: Job, metrics) -> AsyncIterator[tuple[str, list]]:
+    """(text delta, logprobs of the tokens that arrived with it) until the job ends (logprobs: [] unless
+    asked for; a step's tokens may arrive before their text is final); leaving early (a client gone)
+    cancels the request."""
     last = job.t0
     try:
         try:
@@ -110,13 +128,14 @@ async def follow(job: Job, metrics) -> AsyncIterator[str]:
                 delta = job.text.feed(toks)
                 if job.text.stopped:
                     job.handle.cancel()                 # its slot is freed within one step
-                if delta:
-                    yield delta
+                logprobs = list(toks.logprobs or ()) if job.logprobs is not None else []
+                if delta or logprobs:
+                    yield delta, logprobs
         except Exception:                               # noqa: BLE001 - the request failed: `outcome` says so
             return
         tail = job.text.finish()
         if tail:
-            yield tail
+            yield tail, []
     finally:
         if not job.handle.done:                         # the caller left: the client went away
             job.handle.cancel()
@@ -128,6 +147,7 @@ class Outcome:
     finish_reason: str                   # stop | length
     completion_tokens: int
     stats: dict | None
+    cached_tokens: int = 0               # prompt tokens not prefilled (prefix cache, or another choice's prefill)
 
 
 def outcome(job: Job, metrics) -> Outcome:
@@ -154,4 +174,4 @@ def outcome(job: Job, metrics) -> Outcome:
                  "draft_forwards": s["draft_forwards"], "draft_seconds": s["draft_seconds"],
                  "verify_seconds": s["verify_seconds"], "prefill_seconds": s["prefill_seconds"],
                  "mean_tree_size": s["mean_tree_size"]}
-    return Outcome(reason, n, stats)
+    return Outcome(reason, n, stats, result.stats.get("cached_prompt_tokens", 0))

@@ -8,18 +8,49 @@ in the shape vLLM exports (`vllm:spec_decode_*`), under the `trtspec_` prefix:
     trtspec_spec_decode_num_accepted_tokens_total        drafted tokens the target accepted
     trtspec_spec_decode_num_accepted_tokens_per_pos_total{position}   accepted at depth position+1
     trtspec_spec_decode_mean_accepted_length             1 + accepted / drafts (tokens per draft step)
+
+and the prefix cache's, as vLLM's `vllm:prefix_cache_{queries,hits}` (tokens), per model:
+
+    trtspec_prefix_cache_queries_total{model}            prompt tokens looked up in the store
+    trtspec_prefix_cache_hits_total{model}               of them, found (prefill saved)
+    trtspec_prefix_cache_blocks{model}                   blocks stored now (of trtspec_prefix_cache_capacity_blocks)
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 
 
+class PrefixCacheCollector:
+    """The prefix stores' counters, read at scrape time (the scheduler thread keeps them)."""
+
+    def __init__(self, stores: dict):
+        self.stores = stores
+
+    def collect(self):
+        q = CounterMetricFamily("trtspec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                labels=["model"])
+        h = CounterMetricFamily("trtspec_prefix_cache_hits", "Prompt tokens found in the prefix cache "
+                                "(prefill saved)", labels=["model"])
+        b = GaugeMetricFamily("trtspec_prefix_cache_blocks", "Blocks stored in the prefix cache", labels=["model"])
+        c = GaugeMetricFamily("trtspec_prefix_cache_capacity_blocks", "Blocks the prefix cache holds",
+                              labels=["model"])
+        for role, store in self.stores.items():
+            st = store.stats()
+            q.add_metric([role], st["queried_tokens"])
+            h.add_metric([role], st["hit_tokens"])
+            b.add_metric([role], st["blocks"])
+            c.add_metric([role], st["capacity_blocks"])
+        yield from (q, h, b, c)
+
+
 class Metrics:
-    def __init__(self, scheduler, slots: int):
+    def __init__(self, scheduler, slots: int, stores: dict | None = None):
         r = self.registry = CollectorRegistry()
+        r.register(PrefixCacheCollector(stores or {}))
         self._drafts_n = self._accepted_n = 0
         self.requests = Counter("trtspec_requests", "Finished HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=r)

@@ -1,11 +1,16 @@
 """The OpenAI request bodies `trtspec serve` accepts, and its OpenAI-style errors.
 
 Unknown fields are refused with a 400 naming them, and so are OpenAI fields whose effect we do not
-implement (penalties, logprobs, n > 1, tools): a client must never get an answer to a question it
-did not ask. Harmless fields (`user`, `metadata`, `store`) are accepted and ignored. Extensions a
-client passes through the `openai` client's `extra_body`: `top_k`, `timeout` (seconds), `ignore_eos`
-(as vLLM's) and `speculative` (`strategy`, that strategy's options, and `stats: true` for
-per-request statistics).
+implement (echo, best_of, suffix, tools): a client must never get an answer to a question it
+did not ask. Harmless fields (`user`, `metadata`, `store`) are accepted and ignored.
+
+Implemented, exact under every strategy: `presence_penalty`, `frequency_penalty`, `logit_bias`,
+`response_format` (`json_object`, `json_schema`), `logprobs` (+ `top_logprobs` in chat), `n`.
+
+Extensions a client passes through the `openai` client's `extra_body`: `top_k`, `timeout`
+(seconds), `ignore_eos`, `repetition_penalty`, `min_tokens`, `stop_token_ids` (as vLLM's),
+`structured_outputs` (exactly one of `regex`, `grammar` (Lark), `json` (a schema), as vLLM's) and
+`speculative` (`strategy`, that strategy's options, and `stats: true` for per-request statistics).
 """
 from __future__ import annotations
 
@@ -58,11 +63,46 @@ class StreamOptions(BaseModel):
 
 
 # OpenAI fields accepted only at the value that means "off", since nothing here implements them.
-_NEUTRAL = {"presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logprobs": (None, False),
-            "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1), "logit_bias": (None, {}),
+_NEUTRAL = {"echo": (None, False), "best_of": (None, 1),
             "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-            "function_call": (None, "none"), "parallel_tool_calls": (None, False),
-            "response_format": (None, {"type": "text"})}
+            "function_call": (None, "none"), "parallel_tool_calls": (None, False)}
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict = Field(alias="schema")
+    strict: bool | None = None           # the schema is always enforced (as with strict: true)
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text (off), any JSON object, or a JSON schema."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ApiError(400, "response_format: json_schema (with a schema) goes with type json_schema, and only "
+                                "with it", param="response_format")
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """Extension (vLLM's `structured_outputs`): exactly one of a regex, a Lark grammar, a JSON schema."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    regex: str | None = None
+    grammar: str | None = None
+    json_: dict | None = Field(None, alias="json")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if sum(x is not None for x in (self.regex, self.grammar, self.json_)) != 1:
+            raise ApiError(400, "structured_outputs takes exactly one of regex, grammar (Lark) or json (a schema)",
+                           param="structured_outputs")
+        return self
 
 
 class _Sampling(BaseModel):
@@ -77,9 +117,17 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, json_schema_extra={"minimum": 1, "maximum": 1})      # checked in _supported (its message)
+    n: int = Field(1, ge=1, le=128)                                       # choices (jobs.py: at most 4 per slot)
     timeout: float | None = Field(None, gt=0, allow_inf_nan=False)       # extension: seconds
     ignore_eos: bool = False                                              # extension (as vLLM's): benchmarks
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, gt=0, le=10, allow_inf_nan=False)   # extension (as vLLM's)
+    logit_bias: dict[str, float] | None = None                            # token id (as a string) -> [-100, 100]
+    min_tokens: int = Field(0, ge=0)                                      # extension (as vLLM's)
+    stop_token_ids: list[int] | None = Field(None, max_length=64)         # extension (as vLLM's)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None                   # extension (as vLLM's)
     speculative: Speculative | None = None
     user: str | None = None
     metadata: dict | None = None
@@ -100,9 +148,6 @@ class _Sampling(BaseModel):
             if value not in _NEUTRAL[name] and not (isinstance(value, float) and value == 0 and 0 in _NEUTRAL[name]):
                 raise ApiError(400, f"{name} is not supported by this server (send {_NEUTRAL[name][-1]!r} or leave "
                                     "it out)", param=name, code="unsupported_field")
-        if self.n != 1:
-            raise ApiError(400, f"n must be 1 (one choice per request), got {self.n}; send separate requests",
-                           param="n")
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         if len(stops) > MAX_STOPS:
             raise ApiError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", param="stop")
@@ -110,7 +155,37 @@ class _Sampling(BaseModel):
             raise ApiError(400, f"each stop string may have at most {MAX_STOP_CHARS} characters", param="stop")
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise ApiError(400, f"logit_bias keys are token ids (as strings), got {key!r}", param="logit_bias")
+            if not -100 <= bias <= 100:
+                raise ApiError(400, f"logit_bias values must be in [-100, 100], got {bias}", param="logit_bias")
+        if self.structured_outputs is not None and self.response_format is not None \
+                and self.response_format.type != "text":
+            raise ApiError(400, "give response_format or structured_outputs, not both", param="structured_outputs")
         return self
+
+    def grammar(self):
+        """The output's grammar (runtime.grammar.Grammar), or None."""
+        import json
+
+        from ..runtime.grammar import Grammar
+        so, rf = self.structured_outputs, self.response_format
+        if so is not None:
+            if so.regex is not None:
+                return Grammar("regex", so.regex)
+            if so.grammar is not None:
+                return Grammar("lark", so.grammar)
+            return Grammar("json_schema", json.dumps(so.json_))
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_object":
+            return Grammar("json_object", "")
+        return Grammar("json_schema", json.dumps(rf.json_schema.schema_))
+
+    def n_logprobs(self) -> int | None:
+        """How many alternatives per token to report (None: no logprobs)."""
+        return None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if s]
@@ -125,6 +200,10 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]      # strict: token ids are ints, never coerced bools
+    logprobs: int | None = Field(None, ge=0, le=20)             # alternatives per token (OpenAI: at most 5)
+
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt, as text or token ids."""
@@ -164,6 +243,17 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    def n_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def limit(self) -> int | None:
         if self.max_tokens is not None and self.max_completion_tokens is not None:

@@ -105,6 +105,8 @@ class BenchOptions:
     warmup_tokens: int = 16
     lookup_tokens: int = 10
     plan_costs: str | None = None      # a costs.json budget: auto plans with instead of the measured one
+    grammar: object = None             # runtime.grammar.Grammar every run of ours is constrained by
+    until_stop: bool = False           # answers end at a stop token (else exactly max_new_tokens)
 
 
 def read_costs(path: str):
@@ -203,11 +205,13 @@ class Bench:
         from ..assembly.load import load_generator
         self.opts = opts
         # Requests run one after another here: one slot, so peak memory compares with the HF peers.
-        self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1)
+        # prefix cache off: every run of every runner prefills its prompt cold (the peers do too)
+        self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1, prefix_cache=0)
         if strategy_options is not None:
             self.gen.strategy_options = strategy_options
         self.stop_ids = sorted(self.gen.stop_ids)
-        self.gen.stop_ids = set()          # benchmark: every runner emits exactly max_new_tokens
+        if opts.grammar is None and not opts.until_stop:   # a grammar's output ends where the grammar does
+            self.gen.stop_ids = set()      # benchmark: every runner emits exactly max_new_tokens
         if opts.plan_costs:
             self.gen.costs = read_costs(opts.plan_costs)
         self.strategies = {name: self._strategy(name) for name in opts.strategies}   # validates early
@@ -281,7 +285,8 @@ class Bench:
         for t in self.timers.values():
             t.reset_timing()
         res = self.gen.generate(ids, strategy=self.strategies[name], max_new_tokens=max_new,
-                                sampling=SamplingParams(self.opts.temperature), seed=self.opts.seed)
+                                sampling=SamplingParams(self.opts.temperature, grammar=self.opts.grammar),
+                                seed=self.opts.seed)
         d = self.timers.get("draft")
         hist = Counter(s.accepted + 1 for s in res.steps)
         return {"runner": name, "kind": "trtspec", **res.stats,
@@ -487,7 +492,7 @@ def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path
             "draft_quantize": getattr(cfg.draft, "quantize", None),   # HF's assistant is never quantized
             "kv_capacity": bench.gen.capacity, "runners": bench.runners,
             "strategy_options": {s: options_of(bench.gen, s) for s in opts.strategies},
-            "stop_ids_ignored": bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
+            "stop_ids_ignored": [] if bench.gen.stop_ids else bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
                                                          f"{warm_tokens} tokens, not recorded",
             "peak_rss_reset_per_run": reset_peak_rss(),
             **{fam: peers.settings() for fam, peers in bench.peers.items()}, **(settings or {})},
@@ -505,6 +510,7 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
                limit: int | None, max_new_tokens: int, temperature: float, seed: int, chat: bool,
                output: str | None, backend: str | None, threads: int | None, lookup_tokens: int = 10,
                stride: int = 1, concurrency: str | None = None, plan_costs: str | None = None,
+               shared_prefix: int | None = None, grammar: str | None = None, until_stop: bool = False,
                log: Callable[[str], None] = print, command: str | None = None) -> dict:
     """What the `trtspec bench` command does (arguments as its options)."""
     from ..assembly.cache import engines_for_config
@@ -519,7 +525,10 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
                         peers=parse_list(peers, list(PEERS), "peer"), limit=limit, stride=stride,
                         max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, chat=chat, lookup_tokens=lookup_tokens,
-                        plan_costs=plan_costs)
+                        plan_costs=plan_costs, grammar=bench_grammar(grammar), until_stop=until_stop)
+    if (grammar or until_stop) and opts.peers:
+        raise RequestError(f"{'--grammar' if grammar else '--until-stop'} applies to our strategies only (the peers "
+                           "would answer otherwise): add --peers none")
     if plan_costs:
         read_costs(plan_costs)           # a bad table fails before any engine loads
     levels = parse_levels(concurrency)
@@ -539,11 +548,26 @@ def bench_main(config_path: str | None, engines_dir: str | None, dataset: str, s
     threads = threads if threads is not None else (cfg.threads if cfg else None)
     if levels:
         return _concurrency(folder, opts, out, levels, backend, threads, cfg, command, log)
+    if shared_prefix:
+        return _prefix(folder, opts, out, shared_prefix, backend, threads, cfg, command, log)
     results = run_bench(folder, opts, out, strategy_options=cfg.strategies if cfg else None, backend=backend,
                         threads=threads, command=command, log=log, config=cfg)
     log(aggregate_table(results))
     log(f"results written to {out}/ ({', '.join(results['files'])})")
     return results
+
+
+def bench_grammar(text: str | None):
+    """--grammar: json_object, or a JSON schema file (checked before anything loads)."""
+    from ..runtime.grammar import Grammar
+    if not text:
+        return None
+    if text == "json_object":
+        return Grammar("json_object", "").check()
+    try:
+        return Grammar("json_schema", Path(text).read_text()).check()
+    except OSError as e:
+        raise RequestError(f"--grammar {text}: give json_object or a JSON schema file ({e.strerror})") from None
 
 
 def parse_levels(text: str | None) -> list[int]:
@@ -558,11 +582,32 @@ def parse_levels(text: str | None) -> list[int]:
     return levels
 
 
+def _prefix(folder: Path, opts: BenchOptions, out: Path, tokens: int, backend, threads, cfg, command, log) -> dict:
+    """`bench --shared-prefix`: see tools/bench_prefix.py."""
+    from ..assembly.load import load_generator
+    from .bench_prefix import prefix_bench, write_prefix_report
+    prompts = load_prompts(opts.dataset, None, opts.stride)
+    with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=1) as gen:
+        strategy = opts.strategies[0] if opts.strategies else gen.config.strategy
+        records = prefix_bench(gen, prompts[:opts.limit] if opts.limit else prompts, tokens, strategy,
+                               opts.max_new_tokens, opts.chat, log=log)
+        settings = {"machine": machine_info(command), "engines": str(folder), "backend": gen.backend,
+                    "dataset": opts.dataset, "shared_prefix": tokens, "strategy": strategy,
+                    "max_new_tokens": opts.max_new_tokens, "threads": threads,
+                    "title": f"{cfg.name if cfg else folder.name}: prefix cache, {opts.dataset}, a {tokens}+ token "
+                             "shared block"}
+    files = write_prefix_report(records, out, settings)
+    log((out / "prefix.md").read_text())
+    log(f"results written to {out}/ ({', '.join(files)})")
+    return {"settings": settings, "records": records, "files": files}
+
+
 def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int], backend, threads, cfg, command,
                  log) -> dict:
     """`bench --concurrency`: see tools/bench_concurrency.py."""
     from ..assembly.load import load_generator
-    with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels)) as gen:
+    with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels),
+                        prefix_cache=0) as gen:       # as in a cold run (the levels replay the same prompts)
         return _concurrency_loaded(gen, folder, opts, out, levels, threads, cfg, command, log)
 
 

@@ -122,8 +122,10 @@ def markdown(results: dict) -> str:
         + (f" (our draft quantized: {s['draft_quantize']}; HF's assistant is not)"
            if s.get("draft_quantize") not in (None, "none") else "") + f"; {n} prompts"
         + (f" ({len(results['skipped'])} skipped: too long)" if results["skipped"] else "")
-        + f", {s['max_new_tokens']} new tokens each (stop ids ignored, HF eos disabled), temperature "
-          f"{s['temperature']}" + (", chat template" if s["chat"] else ""),
+        + (f", {s['max_new_tokens']} new tokens each (stop ids ignored, HF eos disabled)"
+           if s.get("stop_ids_ignored", True) else f", at most {s['max_new_tokens']} new tokens (answers end at the "
+           "model's stop token)") + (f", grammar {s['grammar']['kind']}" if s.get("grammar") else "")
+        + f", temperature {s['temperature']}" + (", chat template" if s["chat"] else ""),
         f"- strategy options: {s['strategy_options']}",
     ]
     if hf:

@@ -49,6 +49,7 @@ class ChainSpeculative(Strategy):
         value, fed = 1.0, 0
         for i in range(self.nodes):
             ahead = self.nodes - i - 1
+            logits = st.constrain(logits[-1:], [drafts])      # a grammar's mask after the drafts so far
             if greedy:                  # the argmax and its probability (the top-1): one host read
                 q = torch.softmax(logits[-1].float(), -1)
                 top, tok = torch.stack([q.max(), logits[-1].argmax().to(q.dtype)]).tolist()  # ids < 2^24
