@@ -179,7 +179,8 @@ class GrammarState:
             tokens.append(tok)
             paths[child] = path + [tok]
             new = np.full(self.words, -1, dtype=np.int32)
-            if tok not in self.stop_ids and m.consume_tokens(paths[child]):
+            if tok not in self.stop_ids and m.validate_tokens(paths[child]) == len(paths[child]):
+                m.consume_tokens(paths[child])
                 self._fill(new[None], 0)
                 m.rollback(len(paths[child]))
                 todo.append(child)
