@@ -126,19 +126,16 @@ class DraftTree:
         return self._known[parent, token]
 
     # -- draft forwards ----------------------------------------------------------------------
-    def path(self, node: int) -> list[int]:
-        """The tokens from the root's child down to `node` ([] for the root)."""
-        out = []
-        while node > 0:
-            out.append(int(self.tokens[node]))
-            node = int(self.parents[node])
-        return out[::-1]
+    def path(self, node: int) -> np.ndarray:
+        """The tokens from the root down to `node` (ancestors come first: they have smaller indices)."""
+        return self.tokens[: self.size][self.anc[node, : self.size]]
 
     def _dist(self, logits: torch.Tensor, nodes: list[int]) -> torch.Tensor:
         """Draft distribution used to rank and draw children of `nodes` (one logits row each): the
         sampling transform when the target samples (the exact q that sampled children come from),
         plain softmax for greedy runs; with a grammar, what it forbids after each node is masked."""
-        logits = self.st.constrain(logits, [self.path(n) for n in nodes]) if self.st.grammar is not None else logits
+        if self.st.grammar is not None:
+            logits = self.st.constrain(logits, [self.path(n)[1:].tolist() for n in nodes])
         if self.st.sampling.greedy:
             return torch.softmax(logits.float(), -1)
         return self.st.draft_probs(logits)
@@ -227,8 +224,7 @@ class DraftTree:
 
     def context(self, node: int) -> np.ndarray:
         """The sequence as it would read with `node` accepted: emitted tokens + the path to node."""
-        path = self.tokens[: self.size][self.anc[node, : self.size]]
-        return np.concatenate([self.st.tokens(), path[1:]])
+        return np.concatenate([self.st.tokens(), self.path(node)[1:]])
 
     def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None,
                  **stats) -> Proposal:

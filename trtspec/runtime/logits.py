@@ -67,19 +67,13 @@ def _penalize(x: torch.Tensor, st, tree: TokenTree) -> None:
     sp = st.sampling
     hist = st.seq[:st.n_tokens]                      # prompt + output; the root is its last token
     out = hist[st.prompt_len:]
-    toks, parents = tree.host_tokens, tree.host_parents
-    rows, cols = [], []
-    for node in range(1, len(tree)):                 # node's path below the root: its own extra tokens
-        j = node
-        while j > 0:
-            rows.append(node)
-            cols.append(toks[j])
-            j = parents[j]
+    toks = tree.host_tokens
     cand = np.unique(np.concatenate([hist, toks]))   # the only columns a penalty can touch
     k = len(cand)
-    on_path = np.zeros((len(tree), k))
-    if rows:
-        np.add.at(on_path, (np.array(rows), np.searchsorted(cand, cols)), 1.0)
+    # on_path[i, c]: how often candidate c occurs on node i's path below the root (the root is in hist)
+    below_root = np.zeros((len(tree) - 1, k))
+    below_root[np.arange(len(tree) - 1), np.searchsorted(cand, toks[1:])] = 1.0
+    on_path = tree.ancestors[:, 1:].cpu().numpy().astype(np.float64) @ below_root
     out_counts = torch.from_numpy(np.bincount(np.searchsorted(cand, out), minlength=k) + on_path)
     seen = torch.from_numpy((np.bincount(np.searchsorted(cand, hist), minlength=k) + on_path) > 0)
     idx = torch.from_numpy(cand).to(x.device)
