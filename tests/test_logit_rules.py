@@ -26,7 +26,7 @@ import torch
 from conftest import make_pair, reference_logits
 from hypothesis import given, settings
 from hypothesis import strategies as hst
-from test_sampling_exact import PASS_P, chisquare_p, reference_probs
+from test_sampling_exact import PASS_P, chisquare_p, reference_probs, sample_first
 
 from trtspec.errors import RequestError
 from trtspec.export.tokenizer import load_tokenizer
@@ -173,8 +173,9 @@ PEN = SamplingParams(temperature=1.0, repetition_penalty=1.5, frequency_penalty=
                      logit_bias=((3, 2.0), (5, -1.0)))
 
 
-def exact_first_two(model, prompt: list[int], sp: SamplingParams, mask=None) -> np.ndarray:
-    """[V, V] joint of the first two tokens under the rules; `mask(out) -> bool [V]` for a grammar."""
+def exact_first_two_under_rules(model, prompt: list[int], sp: SamplingParams, mask=None) -> np.ndarray:
+    """test_sampling_exact.exact_first_two under the request's rules: [V, V] joint of the first two
+    tokens; `mask(out) -> bool [V]` for a grammar."""
     def probs(out):
         x = reference_shape(reference_logits(model, prompt + out)[-1].numpy(), prompt, out, sp)
         if mask is not None:
@@ -187,20 +188,11 @@ def exact_first_two(model, prompt: list[int], sp: SamplingParams, mask=None) -> 
     return joint
 
 
-def counts_first_two(gen, prompt, strategy, sp, n, seed0) -> np.ndarray:
-    v = gen.target_engine.spec.vocab_size
-    counts = np.zeros((v, v), dtype=np.int64)
-    for i in range(n):
-        toks = gen.generate(prompt, strategy=strategy, max_new_tokens=2, sampling=sp, seed=seed0 + i).token_ids
-        counts[tuple(toks)] += 1
-    return counts
-
-
 @pytest.mark.parametrize("strategy", [ChainSpeculative(2), Staged(budget=6)], ids=["chain", "staged"])
 def test_penalties_sampled_exact(small_pair, small_gen, strategy):
     prompt = [1, 2, 3, 1, 2, 3, 1]
-    joint = exact_first_two(small_pair.target, prompt, PEN)
-    counts = counts_first_two(small_gen, prompt, strategy, PEN, 1200, 30_000)
+    joint = exact_first_two_under_rules(small_pair.target, prompt, PEN)
+    counts = sample_first(small_gen, prompt, strategy, PEN, 1200, 30_000)
     p = chisquare_p(counts, joint)
     print(f"[pvalue] penalties {strategy.name}: {p:.3g}")
     assert p > PASS_P
@@ -308,10 +300,10 @@ def test_grammar_sampled_exact(pair, ggen, tok):
     prompt = tok.encode("x")
     mask = grammar_mask(ggen, grammar)
     sp = SamplingParams(temperature=1.0, grammar=grammar)
-    joint = exact_first_two(pair.target, prompt, sp, mask)
+    joint = exact_first_two_under_rules(pair.target, prompt, sp, mask)
     assert (joint > 0).sum() >= 6
     for strategy, seed0 in ((ChainSpeculative(2), 40_000), (Staged(budget=6), 50_000)):
-        p = chisquare_p(counts_first_two(ggen, prompt, strategy, sp, 800, seed0), joint)
+        p = chisquare_p(sample_first(ggen, prompt, strategy, sp, 800, seed0), joint)
         print(f"[pvalue] grammar {strategy.name}: {p:.3g}")
         assert p > PASS_P
 

@@ -246,6 +246,3 @@ class GrammarState:
                 return
             if not self.matcher.consume_token(int(tok)):
                 raise RuntimeError(f"grammar refused emitted token {tok}: {self.matcher.get_error()}")
-
-    def done(self) -> bool:
-        return self.matcher.is_stopped()
