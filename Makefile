@@ -15,7 +15,7 @@ $(BIN)/trtspec: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch first: a bare `torch` requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,ray]"
 	touch $@
 
 install: $(BIN)/trtspec

@@ -444,6 +444,19 @@ def test_sigterm_drains_running_requests(folder, sig):
         httpx.get(s.base + "/health", timeout=5)
 
 
+def stream_or_leave(c: openai.OpenAI, prompt: str, strategy: str, max_tokens: int, leave: bool) -> str | None:
+    """A streamed greedy completion's text; with `leave`, the client goes away after two chunks (None)."""
+    stream = c.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                  extra_body=spec(strategy))
+    pieces = []
+    for chunk in stream:
+        pieces.append(chunk.choices[0].text)
+        if leave and len(pieces) == 2:
+            stream.close()
+            return None
+    return "".join(pieces)
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -466,16 +479,9 @@ def test_load_with_random_disconnects(folder):
         rss = {}
 
         def one(i: int):
-            (prompt, strat), drop = plan[i]
-            stream = c.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stream=True,
-                                          extra_body=spec(strat))
-            pieces = []
-            for chunk in stream:
-                pieces.append(chunk.choices[0].text)
-                if drop and len(pieces) == 2:
-                    stream.close()
-                    return None
-            return (prompt, strat), "".join(pieces)
+            job, drop = plan[i]
+            text = stream_or_leave(c, *job, max_tokens=24, leave=drop)
+            return None if text is None else (job, text)
 
         results = []
         with ThreadPoolExecutor(8) as pool:
@@ -504,6 +510,7 @@ def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch)
 
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
+    from trtspec.serve.worker import Worker
 
     class Boom(Exception):
         pass
@@ -517,7 +524,7 @@ def test_a_failing_request_is_an_error_object_and_the_next_one_runs(monkeypatch)
     gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
     monkeypatch.setattr(STRATEGIES["chain"], "propose", broken)      # k=2: a fixed budget always drafts
     ask = {"model": MODEL, "prompt": "x", "max_tokens": 4, "temperature": 0}
-    with TestClient(make_app(Service(gen, model=MODEL, strategy="ar"))) as client:
+    with TestClient(make_app(Service(Worker(gen, strategy="ar"), model=MODEL))) as client:
         r = client.post("/v1/completions", json=ask | spec("chain", k=2))
         assert r.status_code == 500 and "Boom: kaput" in r.json()["error"]["message"]
         assert r.headers["x-should-retry"] == "false"        # the openai client would run it again
@@ -538,13 +545,14 @@ def test_operator_limits_what_clients_choose():
 
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
+    from trtspec.serve.worker import Worker
 
     pair = make_pair()
     tok = AutoTokenizer.from_pretrained(str(ROOT / "trtspec" / "assets" / "tiny-tokenizer"))
     tok.chat_template = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}" \
                         "{% endif %}{{ m['content'] }}{% endfor %}"
     gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
-    svc = Service(gen, model=MODEL, strategy="ar", allowed=("ar", "ngram"), timeout=0.001)
+    svc = Service(Worker(gen, strategy="ar", allowed=("ar", "ngram"), timeout=0.001), model=MODEL)
     ask = {"model": MODEL, "prompt": "x", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
     with TestClient(make_app(svc)) as client:
         r = client.post("/v1/completions", json=ask | spec("staged"))
@@ -570,13 +578,14 @@ def test_suffix_history_per_user_or_off(history):
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
     from trtspec.serve.jobs import history_scope
+    from trtspec.serve.worker import Worker
 
     pair = make_pair()
     tok = AutoTokenizer.from_pretrained(str(ROOT / "trtspec" / "assets" / "tiny-tokenizer"))
     gen = Generator(pair.target_engine, pair.draft_engine, tokenizer=tok, capacity=256, slots=2)
     suffix.forget()
     ask = {"model": MODEL, "prompt": "x y", "max_tokens": 6, "temperature": 0, "ignore_eos": True} | spec("suffix")
-    with TestClient(make_app(Service(gen, model=MODEL, strategy="ar", history=history))) as client:
+    with TestClient(make_app(Service(Worker(gen, strategy="ar", history=history), model=MODEL))) as client:
         for user in ("alice", "bob", None):
             r = client.post("/v1/completions", json=ask | ({"user": user} if user else {}))
             assert r.status_code == 200

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -421,10 +422,22 @@ def _engines(engines_dir: str | None, opened, cfg, log):
 @click.option("--threads", type=click.IntRange(0), default=None, help="CPU threads (0 = library default).")
 @click.option("--log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
               help="uvicorn's log level (info adds an access log line per request).")
+@click.option("--replicas", type=click.IntRange(1), default=None,
+              help="Serve on Ray Serve with N engine replicas, each loading the folder with its own scheduler "
+                   "and slots (needs `pip install 'trtspec[ray]'`); --threads is then per replica. Default: "
+                   "one process, no Ray.")
+@click.option("--min-replicas", type=click.IntRange(0), default=None,
+              help="With --max-replicas: autoscale (Ray Serve) between them on ongoing requests per replica.")
+@click.option("--max-replicas", type=click.IntRange(1), default=None, help="See --min-replicas.")
+@click.option("--target-ongoing-requests", type=click.FloatRange(0, min_open=True), default=None,
+              help="Autoscaling: ongoing requests per replica to aim at. Default: a replica's slots (--max-batch).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Join this Ray cluster (e.g. auto, or HOST:6379 from `ray start --head`) instead of starting a "
+                   "local Ray instance for the command; the engine folder must be at the same path on every node.")
 @user_errors
 def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, model_name, strategy,
           allow_strategies, timeout, max_body_mb, body_timeout, history, prefix_cache, drain_timeout, backend,
-          threads, log_level) -> None:
+          threads, log_level, replicas, min_replicas, max_replicas, target_ongoing_requests, ray_address) -> None:
     """Serve the engines over an OpenAI-compatible HTTP API (completions, chat, streaming).
 
     \b
@@ -434,12 +447,18 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
 
     Every request is lossless whatever shares its batch. Speculation per request (extensions, e.g.
     the openai client's extra_body): {"speculative": {"strategy": "staged", "stats": true}, "top_k": 40}.
-    /metrics is Prometheus text; /health answers without the API key."""
+    /metrics is Prometheus text; /health answers without the API key.
+
+    \b
+    On Ray Serve (replicas restarted when they die, autoscaled on load, one endpoint; docs/ray.md):
+      trtspec serve --config smollm2-135m --replicas 2 --threads 1
+      trtspec serve --engines /shared/engines/pair --min-replicas 1 --max-replicas 8 --ray-address auto"""
     from .assembly.load import load_generator
     from .runtime.strategies import strategy as make
     from .serve.app import Service
     from .serve.server import bind
     from .serve.server import serve as run_server
+    from .serve.worker import Worker
 
     if engines_dir and config_path:
         raise click.UsageError("give --engines DIR or --config PATH, not both")
@@ -455,15 +474,37 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
         raise click.UsageError(f"the default strategy {name!r} is not in --allow-strategies {','.join(allowed)}")
     for s in dict.fromkeys((name, *allowed)):
         make(s, cfg.strategies, has_draft=cfg.draft is not None)
+    on_ray = replicas is not None or min_replicas is not None or max_replicas is not None or ray_address is not None
+    if on_ray:
+        if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:
+            raise click.UsageError(f"--min-replicas {min_replicas} is more than --max-replicas {max_replicas}")
+        if ray_address is None:      # a local instance: Ray's own servers on loopback only (as Ray does on macOS)
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        try:
+            from .serve.ray_serve import Settings
+            from .serve.ray_serve import run as run_on_ray
+        except ImportError as e:
+            raise TrtspecError(f"--replicas / --ray-address need Ray Serve ({e.name} is not installed): "
+                               "pip install 'trtspec[ray]'") from None
     sock = bind(host, port)
     folder, opened = _engines(engines_dir, opened, cfg, log)
+    if on_ray:
+        port = sock.getsockname()[1]             # --port 0: the free port found; Ray's proxy listens on it
+        sock.close()
+        settings = Settings(engines=str(Path(folder).resolve()), model=model_name or cfg.name, backend=backend,
+                            threads=threads or 1, max_batch=max_batch, max_queue=max_queue, prefix_cache=prefix_cache,
+                            strategy=name, allowed=allowed, timeout=timeout, history=history, api_key=api_key,
+                            max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout,
+                            drain_timeout=drain_timeout, replicas=replicas or 1, min_replicas=min_replicas,
+                            max_replicas=max_replicas, target_ongoing=target_ongoing_requests)
+        return run_on_ray(settings, host, port, ray_address, log)
     log(f"loading {folder}")
     gen = load_generator(folder, threads=threads, opened=opened, slots=max_batch, max_queue=max_queue,
                          prefix_cache=prefix_cache)
     with gen:                                    # closed after the drain, or if serving fails
-        svc = Service(gen, model=model_name or cfg.name, strategy=name, api_key=api_key, timeout=timeout,
-                      allowed=allowed, backend=gen.backend, max_body=int(max_body_mb * (1 << 20)),
-                      body_timeout=body_timeout, history=history)
+        worker = Worker(gen, strategy=name, allowed=allowed, timeout=timeout, history=history)
+        svc = Service(worker, model=model_name or cfg.name, api_key=api_key, backend=gen.backend,
+                      max_body=int(max_body_mb * (1 << 20)), body_timeout=body_timeout)
         run_server(svc, sock, drain_timeout, log, log_level)
 
 

@@ -164,7 +164,7 @@ def verify(folder: str | Path) -> dict[str, Any]:
         seen[rel], changed = stamp, True
     if changed:
         try:
-            tmp = cache_path.with_suffix(".tmp")
+            tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")    # replicas may verify one folder at once
             tmp.write_text(json.dumps(seen))
             os.replace(tmp, cache_path)
         except OSError:

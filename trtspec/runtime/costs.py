@@ -127,7 +127,7 @@ class CostModel:
         return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}), rows)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")    # replicas sharing a folder may store at once
         tmp.write_text(json.dumps(self.to_dict(), indent=1))
         os.replace(tmp, path)
 

@@ -2,8 +2,11 @@
 
     POST /v1/completions  POST /v1/chat/completions  GET /v1/models  GET /health  GET /metrics  GET /version
 
-Every request becomes one runtime request (jobs.py): the scheduler batches it with whatever else
-is running, so N clients share each target forward. Errors are OpenAI's JSON error objects.
+Every request becomes one runtime request (jobs.py) on the service's engine: a Worker in this
+process (worker.py), or with `serve --replicas N` one of N Ray Serve replicas (ray_serve.py), which
+stream the same events back and name themselves in the `x-trtspec-replica` header. The scheduler
+batches a request with whatever else runs there, so N clients share each target forward. Errors
+are OpenAI's JSON error objects.
 """
 from __future__ import annotations
 
@@ -24,41 +27,40 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..export.contract import CONTRACT_VERSION
-from ..runtime.generator import Generator
 from ..runtime.prompts import Prompt, encode, has_chat_template
-from ..runtime.strategies import STRATEGIES
 from . import logprobs as lp_json
-from .jobs import Job, follow, outcome, start
-from .metrics import Metrics
+from .jobs import Outcome
+from .metrics import Metrics, merge
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_responses, validation_error
+from .worker import Worker
 
 CHARS_PER_TOKEN = 64
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/version")
+REPLICA_HEADER = "x-trtspec-replica"
 
 
 @dataclass
 class Service:
-    """What every endpoint shares: the loaded generator and the server's settings."""
-    gen: Generator
+    """What every endpoint shares: where requests run (a Worker, or Ray replicas: ray_serve.Replicas,
+    which has the same `generate`, `health`, `replica_metrics`, `close` and settings) and the HTTP
+    layer's settings."""
+    engine: Worker
     model: str                           # the name clients send as `model`
-    strategy: str                        # for requests that name none
     api_key: str | None = None
-    timeout: float | None = None         # per-request deadline, seconds (a client may ask for less)
-    allowed: tuple[str, ...] = tuple(STRATEGIES)   # strategies clients may choose
     backend: str = ""
     max_body: int = 4 << 20              # request body bytes; larger ones get 413 before they are read
     body_timeout: float = 30.0           # seconds a request's body may take to arrive (slow clients: 408)
-    history: str = "shared"              # suffix history: shared by all requests, per `user`, or off
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     draining: bool = False
 
     def __post_init__(self) -> None:
-        self.metrics = Metrics(self.gen.scheduler, len(self.gen.slots), self.gen.stores)
+        # in one process the worker's registry is the server's; replicas keep theirs (merged at /metrics)
+        self.metrics = getattr(self.engine, "metrics", None) or Metrics()
 
     @property
     def tokenizer(self):
-        return self.gen.tokenizer
+        return self.engine.tokenizer
 
 
 def make_app(svc: Service) -> FastAPI:
@@ -66,7 +68,7 @@ def make_app(svc: Service) -> FastAPI:
     async def lifespan(app):
         yield
         svc.draining = True                  # uvicorn has let running requests finish (bounded)
-        svc.gen.close()
+        svc.engine.close()
 
     app = FastAPI(title="trtspec", version=version("trtspec"), lifespan=lifespan,
                   description="OpenAI-compatible, lossless speculative decoding. Every error is an OpenAI "
@@ -92,7 +94,7 @@ def make_app(svc: Service) -> FastAPI:
         check_model(svc, body.model)
         prompt = body.prompt_input()
         ids = prompt if isinstance(prompt, list) else svc.tokenizer(check_size(svc, prompt, "prompt"))["input_ids"]
-        return await respond(svc, body, start(svc, body, list(ids)), request, chat=False)
+        return await respond(svc, body, list(ids), request, chat=False)
 
     @app.post("/v1/chat/completions", responses=GENERATE)
     async def chat(body: ChatRequest, request: Request):
@@ -105,7 +107,7 @@ def make_app(svc: Service) -> FastAPI:
             ids = encode(Prompt(id="request", messages=messages), svc.tokenizer)   # run's and bench's encoder
         except Exception as e:                       # noqa: BLE001 - jinja's TemplateError and kin
             raise ApiError(400, f"the model's chat template refused these messages: {e}", param="messages")
-        return await respond(svc, body, start(svc, body, ids), request, chat=True)
+        return await respond(svc, body, ids, request, chat=True)
 
     @app.get("/v1/models", responses=error_responses(401, 503))
     async def models():
@@ -118,19 +120,19 @@ def make_app(svc: Service) -> FastAPI:
 
     @app.get("/health", responses={503: {"description": "draining (the same body, status draining)"}})
     async def health():
-        s = svc.gen.scheduler
-        body = {"status": "draining" if svc.draining else "ok", "slots": len(s.slots), "active": s.busy_slots,
-                "queued": len(s.waiting)}
+        body = {"status": "draining" if svc.draining else "ok", **await svc.engine.health()}
         return JSONResponse(body, status_code=503 if svc.draining else 200)
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=error_responses(401))
     async def metrics():
-        return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        replicas = await svc.engine.replica_metrics()          # [] in a single process
+        text = merge(svc.metrics.render(), replicas) if replicas else svc.metrics.render()
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/version", responses=error_responses(401))
     async def version_():
         return {"trtspec": version("trtspec"), "contract_version": CONTRACT_VERSION, "backend": svc.backend,
-                "model": svc.model, "strategies": list(svc.allowed), "default_strategy": svc.strategy}
+                "model": svc.model, "strategies": list(svc.engine.allowed), "default_strategy": svc.engine.strategy}
 
     return app
 
@@ -172,8 +174,8 @@ def openapi(app: FastAPI, model: str) -> dict:
 def check_size(svc: Service, text: str, param: str) -> str:
     """Refuse, before tokenizing it on the event loop, a text far longer than the KV could hold
     (a token of these vocabularies is rarely over 16 characters)."""
-    if len(text) > CHARS_PER_TOKEN * svc.gen.capacity:
-        raise ApiError(400, f"{param} has {len(text)} characters, more than a {svc.gen.capacity}-token context "
+    if len(text) > CHARS_PER_TOKEN * svc.engine.capacity:
+        raise ApiError(400, f"{param} has {len(text)} characters, more than a {svc.engine.capacity}-token context "
                             "can hold", param=param, code="context_length_exceeded")
     return text
 
@@ -186,41 +188,63 @@ def check_model(svc: Service, name: str) -> None:
 
 def model_card(svc: Service) -> dict:
     return {"id": svc.model, "object": "model", "created": svc.created, "owned_by": "trtspec",
-            "max_model_len": svc.gen.capacity}
+            "max_model_len": svc.engine.capacity}
 
 
-async def respond(svc: Service, body, jobs: list[Job], request: Request, chat: bool):
+async def respond(svc: Service, body, ids: list[int], request: Request, chat: bool):
+    """Run the request's choices on the engine: refused before it starts -> its error status; else
+    one JSON body, or server-sent events, with the serving replica's name in a header."""
+    events = svc.engine.generate(body, ids)
+    try:
+        first = await anext(events)
+        if first[0] == "error":
+            raise ApiError(*first[2])
+    except BaseException:
+        await events.aclose()
+        raise
+    headers = {REPLICA_HEADER: first[1]} if first[1] else {}
     ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     if body.stream:
-        return StreamingResponse(events(svc, body, jobs, ident, chat), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    done = await until_done_or_gone(svc, jobs, request)
-    outs = [outcome(job, svc.metrics) for job in jobs]
+        return StreamingResponse(sse(svc, body, len(ids), events, ident, chat), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"} | headers)
+    try:
+        texts, logprobs, outs = await until_done_or_gone(events, body.n, request)
+    finally:
+        await events.aclose()
     choices = []
-    for i, (job, (text, logprobs), out) in enumerate(zip(jobs, done, outs)):
-        choice = {"index": i, "logprobs": logprobs_json(svc, job, logprobs, chat), "finish_reason": out.finish_reason}
-        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+    for i, out in enumerate(outs):
+        choice = {"index": i, "logprobs": logprobs_json(svc, body, logprobs[i], chat), "finish_reason": out.finish_reason}
+        choice |= {"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]}
         choices.append(choice)
     answer = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-              "model": svc.model, "choices": choices, "usage": usage(jobs, outs)}
+              "model": svc.model, "choices": choices, "usage": usage(len(ids), outs)}
     if outs[0].stats is not None:
         answer["speculative_stats"] = outs[0].stats if len(outs) == 1 else [o.stats for o in outs]
-    return answer
+    return JSONResponse(answer, headers=headers)
 
 
-def logprobs_json(svc: Service, job: Job, logprobs: list, chat: bool, offset: int = 0) -> dict | None:
-    if job.logprobs is None:
+def logprobs_json(svc: Service, body, logprobs: list, chat: bool, offset: int = 0) -> dict | None:
+    if body.n_logprobs() is None:
         return None
     return lp_json.chat(svc.tokenizer, logprobs) if chat else lp_json.completion(svc.tokenizer, logprobs, offset)
 
 
-async def until_done_or_gone(svc: Service, jobs: list[Job], request: Request) -> list[tuple[str, list]]:
-    """Each choice's whole text and its tokens' logprobs; a client that disconnects meanwhile cancels
-    the requests (freeing their slots)."""
-    async def collect(job: Job) -> tuple[str, list]:
-        pieces = [piece async for piece in follow(job, svc.metrics)]
-        return "".join(text for text, _ in pieces), [lp for _, lps in pieces for lp in lps]
-    task = asyncio.ensure_future(asyncio.gather(*(collect(job) for job in jobs)))
+async def until_done_or_gone(events, n: int, request: Request) -> tuple[list[str], list[list], list[Outcome]]:
+    """Each choice's whole text, its tokens' logprobs and its outcome; a client that disconnects
+    meanwhile cancels the request (the caller closes `events`, freeing the slots)."""
+    async def collect():
+        texts, logprobs, outs = [""] * n, [[] for _ in range(n)], [None] * n
+        async for event in events:
+            if event[0] == "piece":
+                _, i, piece, lps = event
+                texts[i] += piece
+                logprobs[i] += lps
+            elif event[0] == "end":
+                outs[event[1]] = event[2]
+            else:
+                raise ApiError(*event[2])
+        return texts, logprobs, outs
+    task = asyncio.ensure_future(collect())
     try:
         while not (await asyncio.wait({task}, timeout=0.25))[0]:
             if await request.is_disconnected():
@@ -229,20 +253,20 @@ async def until_done_or_gone(svc: Service, jobs: list[Job], request: Request) ->
     finally:                                         # gone, or this coroutine cancelled (drain timeout)
         if not task.done():
             task.cancel()
-            for job in jobs:
-                job.handle.cancel()
+            await asyncio.wait({task})
 
 
-async def events(svc: Service, body, jobs: list[Job], ident: str, chat: bool):
+async def sse(svc: Service, body, prompt_tokens: int, events, ident: str, chat: bool):
     """Server-sent events: each choice's text deltas (interleaved as they come, by `index`), a final
-    chunk per choice with its finish_reason, usage if asked, [DONE]."""
+    chunk per choice with its finish_reason, usage if asked, [DONE]; a failure mid-stream is a final
+    error event."""
     created = int(time.time())
     extra = {"usage": None} if body.include_usage else {}
-    sent = [0] * len(jobs)                           # characters streamed per choice (completions' text_offset)
+    sent = [0] * body.n                              # characters streamed per choice (completions' text_offset)
 
     def chunk(i: int, delta: str | None, finish: str | None = None, role: bool = False, logprobs=None,
               **more) -> str:
-        lps = None if logprobs is None else logprobs_json(svc, jobs[i], logprobs, chat, sent[i])
+        lps = None if logprobs is None else logprobs_json(svc, body, logprobs, chat, sent[i])
         if chat:
             d = ({"role": "assistant"} if role else {}) | ({"content": delta} if delta is not None else {})
             choice = {"index": i, "delta": d, "logprobs": lps, "finish_reason": finish}
@@ -252,55 +276,37 @@ async def events(svc: Service, body, jobs: list[Job], ident: str, chat: bool):
                 "model": svc.model, "choices": [choice]} | extra | more
         return f"data: {json.dumps(data)}\n\n"
 
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, job: Job) -> None:
-        try:
-            async for piece, logprobs in follow(job, svc.metrics):
-                await queue.put((i, piece, logprobs))
-        finally:
-            queue.put_nowait((i, None, None))
-
-    tasks = [asyncio.ensure_future(pump(i, job)) for i, job in enumerate(jobs)]
     outs = []
     try:
         if chat:
-            for i in range(len(jobs)):
+            for i in range(body.n):
                 yield chunk(i, "", role=True)
-        running = len(jobs)
-        while running:
-            i, piece, logprobs = await queue.get()
-            if piece is not None:
-                yield chunk(i, piece, logprobs=logprobs if jobs[i].logprobs is not None else None)
+        async for event in events:
+            if event[0] == "piece":
+                _, i, piece, logprobs = event
+                yield chunk(i, piece, logprobs=logprobs if body.n_logprobs() is not None else None)
                 sent[i] += len(piece)
-                continue
-            running -= 1
-            try:
-                out = outcome(jobs[i], svc.metrics)
-            except ApiError as e:            # a deadline or a failure mid-stream: a final error event
-                yield f"data: {json.dumps(e.body())}\n\n"
+            elif event[0] == "end":
+                _, i, out = event
+                outs.append(out)
+                yield chunk(i, None, out.finish_reason, **({"speculative_stats": out.stats} if out.stats is not None else {}))
+            else:                                    # a deadline or a failure mid-stream: a final error event
+                yield f"data: {json.dumps(ApiError(*event[2]).body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
-            outs.append(out)
-            yield chunk(i, None, out.finish_reason, **({"speculative_stats": out.stats} if out.stats is not None else {}))
-    finally:                                         # the client left, or a choice failed
-        for task in tasks:
-            task.cancel()
-        for job in jobs:
-            if not job.handle.done:
-                job.handle.cancel()
+    finally:                                         # the client left, or a choice failed: nothing keeps running
+        await events.aclose()
     if body.include_usage:
         data = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": svc.model, "choices": [], "usage": usage(jobs, outs)}
+                "model": svc.model, "choices": [], "usage": usage(prompt_tokens, outs)}
         yield f"data: {json.dumps(data)}\n\n"
     yield "data: [DONE]\n\n"
 
 
-def usage(jobs: list[Job], outs: list) -> dict:
+def usage(prompt_tokens: int, outs: list[Outcome]) -> dict:
     """The prompt once (its choices share one prefill), the completions of every choice."""
     done = sum(out.completion_tokens for out in outs)
-    prompt = jobs[0].prompt_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done,
             "prompt_tokens_details": {"cached_tokens": outs[0].cached_tokens if outs else 0}}
 
 

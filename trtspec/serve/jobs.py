@@ -1,9 +1,10 @@
 """One HTTP generation: settle its options, submit it to the Generator, follow it as text.
 
-`start` turns a validated body plus prompt ids into running `Job`s, one per choice (or an ApiError: bad strategy
-or option, prompt + max_tokens over capacity, queue full). `follow` yields the job's text as its
-steps arrive (stop strings cut it), records latency metrics, and cancels the request if the caller
-stops early, which is how a disconnected client frees its slot. `outcome` reads how it ended.
+`start` turns a validated body plus prompt ids into running `Job`s on a Worker (worker.py), one per
+choice (or an ApiError: bad strategy or option, prompt + max_tokens over capacity, queue full).
+`follow` yields the job's text as its steps arrive (stop strings cut it), records latency metrics,
+and cancels the request if the caller stops early, which is how a disconnected client frees its
+slot. `outcome` reads how it ended.
 """
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ class Job:
     first: float | None = None
 
 
-def start(svc, body: _Sampling, prompt_ids: list[int]) -> list[Job]:
+def start(worker, body: _Sampling, prompt_ids: list[int]) -> list[Job]:
     """The request's `n` choices, running (one prefill: the other choices copy its prompt rows)."""
     spec = body.speculative or Speculative()
-    name = spec.strategy or svc.strategy
+    name = spec.strategy or worker.strategy
     if name not in STRATEGIES:
         raise ApiError(400, f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}",
                        param="speculative.strategy", code="strategy_not_found")
@@ -66,13 +67,13 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> list[Job]:
         if key in opts:
             raise ApiError(400, f"speculative.{key} {why}; set it in the server's config",
                            param=f"speculative.{key}")
-    if name not in svc.allowed:
-        raise ApiError(400, f"strategy {name!r} is not enabled on this server; enabled: {', '.join(svc.allowed)}",
+    if name not in worker.allowed:
+        raise ApiError(400, f"strategy {name!r} is not enabled on this server; enabled: {', '.join(worker.allowed)}",
                        param="speculative.strategy", code="strategy_not_enabled")
-    gen = svc.gen
-    if svc.history != "shared" and hasattr(gen.strategy(name), "scope"):
-        opts["scope"] = history_scope(svc.history, body.user)
-    limits = [t for t in (body.timeout, svc.timeout) if t is not None]   # the client may only shorten it
+    gen = worker.gen
+    if worker.history != "shared" and hasattr(gen.strategy(name), "scope"):
+        opts["scope"] = history_scope(worker.history, body.user)
+    limits = [t for t in (body.timeout, worker.timeout) if t is not None]   # the client may only shorten it
     try:
         strat = gen.strategy(name, **opts)
         room = room_for(len(prompt_ids), strat, gen.capacity)
@@ -102,8 +103,8 @@ def start(svc, body: _Sampling, prompt_ids: list[int]) -> list[Job]:
                        code="invalid_grammar")
     except RequestError as e:
         raise ApiError(400, str(e))
-    svc.metrics.prompt_tokens.inc(len(prompt_ids))
-    return [Job(h, TextStream(svc.tokenizer, body.stops()), name, len(prompt_ids), spec.stats, body.n_logprobs())
+    worker.metrics.prompt_tokens.inc(len(prompt_ids))
+    return [Job(h, TextStream(worker.tokenizer, body.stops()), name, len(prompt_ids), spec.stats, body.n_logprobs())
             for h in handles]
 
 

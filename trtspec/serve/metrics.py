@@ -14,11 +14,15 @@ and the prefix cache's, as vLLM's `vllm:prefix_cache_{queries,hits}` (tokens), p
     trtspec_prefix_cache_queries_total{model}            prompt tokens looked up in the store
     trtspec_prefix_cache_hits_total{model}               of them, found (prefill saved)
     trtspec_prefix_cache_blocks{model}                   blocks stored now (of trtspec_prefix_cache_capacity_blocks)
+
+With `serve --replicas N` each replica keeps its own registry; `merge` puts them behind the
+ingress's one /metrics, every sample labelled `replica` (ray_serve.py).
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -48,21 +52,25 @@ class PrefixCacheCollector:
 
 
 class Metrics:
-    def __init__(self, scheduler, slots: int, stores: dict | None = None):
-        r = self.registry = CollectorRegistry()
-        r.register(PrefixCacheCollector(stores or {}))
+    def __init__(self, scheduler=None, slots: int = 0, stores: dict | None = None):
+        """The HTTP layer's counters, and with a `scheduler` (a process that generates) the engine's."""
+        self.registry = CollectorRegistry()
         self._drafts_n = self._accepted_n = 0
         self.requests = Counter("trtspec_requests", "Finished HTTP requests by endpoint and status code",
-                                ["endpoint", "status"], registry=r)
+                                ["endpoint", "status"], registry=self.registry)
+        r = self.registry if scheduler is not None else None     # an ingress: the engine's are not exported
+        if r is not None:
+            r.register(PrefixCacheCollector(stores or {}))
         self.finished = Counter("trtspec_request_finish", "Generations by finish reason "
                                 "(stop, length, cancelled, deadline, error)", ["reason"], registry=r)
         self.prompt_tokens = Counter("trtspec_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
         self.generation_tokens = Counter("trtspec_generation_tokens", "Generated tokens", registry=r)
-        Gauge("trtspec_queue_depth", "Requests waiting for a slot", registry=r
-              ).set_function(lambda: len(scheduler.waiting))
-        Gauge("trtspec_active_slots", "Slots held by running requests", registry=r
-              ).set_function(lambda: scheduler.busy_slots)
-        Gauge("trtspec_slots", "KV slots (the most requests in one batch)", registry=r).set(slots)
+        if r is not None:
+            Gauge("trtspec_queue_depth", "Requests waiting for a slot", registry=r
+                  ).set_function(lambda: len(scheduler.waiting))
+            Gauge("trtspec_active_slots", "Slots held by running requests", registry=r
+                  ).set_function(lambda: scheduler.busy_slots)
+            Gauge("trtspec_slots", "KV slots (the most requests in one batch)", registry=r).set(slots)
         self.ttft = Histogram("trtspec_time_to_first_token_seconds", "Submit to first generated token",
                               buckets=LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("trtspec_inter_token_latency_seconds", "Time between generated tokens (a step's "
@@ -98,3 +106,30 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Families:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families
+
+
+def merge(own: bytes, replicas: list[tuple[str, bytes]]) -> bytes:
+    """One exposition of this process's metrics and each replica's, the replicas' samples labelled
+    `replica` (a family declared once, whatever number of processes export it)."""
+    families: dict[str, object] = {}
+    for replica, text in [(None, own), *replicas]:
+        for fam in text_string_to_metric_families(text.decode()):
+            into = families.setdefault(fam.name, fam if replica is None else type(fam)(
+                fam.name, fam.documentation, fam.type, fam.unit))
+            samples = fam.samples if replica is None else [
+                s._replace(labels={**s.labels, "replica": replica}) for s in fam.samples]
+            if into is fam:
+                fam.samples = list(samples)
+            else:
+                into.samples.extend(samples)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(list(families.values())))
+    return generate_latest(registry)

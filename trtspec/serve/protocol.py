@@ -35,6 +35,10 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
+    def state(self) -> tuple:
+        """Plain values that cross a process boundary (worker.py's events); `ApiError(*state)` again."""
+        return self.status, self.message, self.param, self.code, self.headers
+
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.code}}

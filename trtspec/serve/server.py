@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import socket
 import threading
-import time
 
 import uvicorn
 
@@ -29,15 +28,6 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def warm_up(svc: Service, log) -> None:
-    gen = svc.gen
-    ids = svc.tokenizer("Hello")["input_ids"] or [0]
-    t0 = time.perf_counter()
-    for strategy in dict.fromkeys(["ar", svc.strategy]):
-        gen.generate(list(ids), strategy=strategy, max_new_tokens=4)
-    log(f"warmed up in {time.perf_counter() - t0:.1f}s")
-
-
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -52,7 +42,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 def serve(svc: Service, sock: socket.socket, drain_timeout: float, log, log_level: str = "warning") -> None:
     """Warm up, then listen on `sock` (from `bind`) and serve until SIGTERM / Ctrl-C."""
-    warm_up(svc, log)
+    log(f"warmed up in {svc.engine.warm_up():.1f}s")
     host, port = sock.getsockname()[:2]
     try:
         sock.listen(2048)            # after the warm-up: a client never meets a cold engine
@@ -61,8 +51,8 @@ def serve(svc: Service, sock: socket.socket, drain_timeout: float, log, log_leve
     config = uvicorn.Config(make_app(svc), log_level=log_level, timeout_graceful_shutdown=drain_timeout,
                             access_log=log_level in ("info", "debug", "trace"))
     shown = f"[{host}]" if ":" in host else host
-    log(f"serving {svc.model!r} ({svc.backend}, default strategy {svc.strategy}, {len(svc.gen.slots)} slots) "
-        f"on http://{shown}:{port}/v1")
+    log(f"serving {svc.model!r} ({svc.backend}, default strategy {svc.engine.strategy}, "
+        f"{len(svc.engine.gen.slots)} slots) on http://{shown}:{port}/v1")
     # uvicorn drains on SIGTERM / SIGINT, then raises the signal again for the handler it found: make
     # those no-ops, so a drained server exits with status 0 instead of being killed (SIGTERM) or
     # interrupted (SIGINT) by the re-raised signal.

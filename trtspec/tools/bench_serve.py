@@ -11,6 +11,11 @@ first token p50 / p95, inter-token latency p50 / p95 (per request: (end - first 
 i.e. time per output token after the first; with speculation, tokens arrive in bursts of a step),
 request latency p50 / p95, and whether every answer equals its c = 1 answer. One warm-up wave
 (8 tokens) per strategy is excluded. Writes serve.json, serve.md and serve.png to --output.
+
+`--overhead N` instead times N one-token requests, one at a time (JSON, then streamed): what a
+request costs besides generating (HTTP, routing, tokenizing, a short prefill and one step); run it
+against two servers of the same folder (one process, and `--replicas 1`) for Ray Serve's share.
+Writes overhead.json.
 """
 from __future__ import annotations
 
@@ -92,6 +97,23 @@ def bench_serve(url: str, dataset: str, limit: int | None, stride: int, max_toke
     return records, model
 
 
+def overhead(client, model: str, n: int, warmup: int = 10) -> dict:
+    """Latency of `n` sequential one-token greedy requests, ms p50 / p95, JSON and streamed."""
+    out = {"requests": n}
+    for mode in ("json", "stream"):
+        lat = []
+        for i in range(warmup + n):
+            t0 = time.perf_counter()
+            res = client.completions.create(model=model, prompt="def f(x):", max_tokens=1, temperature=0,
+                                            stream=mode == "stream", extra_body={"speculative": {"strategy": "ar"}})
+            if mode == "stream":
+                list(res)
+            if i >= warmup:
+                lat.append(time.perf_counter() - t0)
+        out[mode] = {"p50_ms": _pct(lat, 50) * 1e3, "p95_ms": _pct(lat, 95) * 1e3, "mean_ms": sum(lat) / n * 1e3}
+    return out
+
+
 def write_report(records: list[dict], output: Path, settings: dict) -> None:
     output.mkdir(parents=True, exist_ok=True)
     (output / "serve.json").write_text(json.dumps({"settings": settings, "runs": records}, indent=1))
@@ -129,7 +151,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--strategies", default="ar,staged")
     p.add_argument("--output", type=Path, required=True)
     p.add_argument("--title", default=None)
+    p.add_argument("--overhead", type=int, default=None, metavar="N",
+                   help="time N one-token requests one at a time instead (overhead.json)")
     a = p.parse_args(argv)
+    if a.overhead:
+        import openai
+        client = openai.OpenAI(base_url=a.url, api_key=a.api_key, max_retries=0, timeout=600)
+        model = client.models.list().data[0].id
+        rec = {"url": a.url, "model": model, "date": time.strftime("%Y-%m-%d"), "title": a.title,
+               **overhead(client, model, a.overhead)}
+        a.output.mkdir(parents=True, exist_ok=True)
+        (a.output / "overhead.json").write_text(json.dumps(rec, indent=1))
+        print(json.dumps(rec, indent=1))
+        return
     levels = [int(x) for x in a.concurrency.split(",")]
     records, model = bench_serve(a.url, a.dataset, a.limit, a.stride, a.max_tokens, levels,
                                  a.strategies.split(","), a.api_key)
