@@ -108,10 +108,8 @@ class Engine:
 
     def _push(self) -> None:
         while not self._stop.wait(PUSH_EVERY):
-            s = self.worker.gen.scheduler
-            health = {"slots": len(s.slots), "active": s.busy_slots, "queued": len(s.waiting)}
             try:
-                self.hub.push.remote(self.name, self.worker.metrics.render(), health).result(timeout_s=5)
+                self.hub.push.remote(self.name, self.worker.metrics.render(), self.worker.load()).result(timeout_s=5)
             except Exception:                        # noqa: BLE001 - the hub restarting: push again next time
                 pass
 

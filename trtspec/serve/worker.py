@@ -58,9 +58,12 @@ class Worker:
             self.gen.generate(list(ids), strategy=strategy, max_new_tokens=4)
         return time.perf_counter() - t0
 
-    async def health(self) -> dict:
+    def load(self) -> dict:
         s = self.gen.scheduler
         return {"slots": len(s.slots), "active": s.busy_slots, "queued": len(s.waiting)}
+
+    async def health(self) -> dict:
+        return self.load()
 
     async def replica_metrics(self) -> list[tuple[str, bytes]]:
         return []                        # a single process: the server's registry is this worker's
