@@ -10,6 +10,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -129,7 +130,7 @@ def test_answers_equal_the_single_process_server_from_both_replicas(ray_server, 
     assert len(replicas) == 2, f"one replica served everything: {replicas}"
 
 
-def test_errors_and_the_api_key_are_as_in_one_process(ray_server, solo):
+def test_errors_deadlines_stats_and_the_api_key_are_as_in_one_process(ray_server, solo):
     c = ray_server.client()
     asks = [dict(model="nope", prompt="x"), dict(model=MODEL, prompt="x", max_tokens=5000),
             dict(model=MODEL, prompt="x", extra_body=spec("nope")), dict(model=MODEL, prompt="x", temperature=-1),
@@ -140,6 +141,14 @@ def test_errors_and_the_api_key_are_as_in_one_process(ray_server, solo):
         with pytest.raises(openai.APIStatusError) as want:
             solo.client().completions.create(**ask)
         assert got.value.status_code == want.value.status_code and got.value.body == want.value.body
+    for server in (ray_server, solo):                 # a deadline: 408 (a final error event when streamed)
+        with pytest.raises(openai.APIStatusError) as e:
+            server.client().completions.create(model=MODEL, prompt="x", max_tokens=LONG, temperature=0,
+                                               extra_body={"timeout": 0.2, "ignore_eos": True})
+        assert e.value.status_code == 408 and e.value.body["code"] == "deadline_exceeded"
+    stats = c.completions.create(model=MODEL, prompt="x", max_tokens=8, temperature=0,
+                                 extra_body=spec("chain", stats=True)).model_extra["speculative_stats"]
+    assert stats["strategy"] == "chain" and stats["steps"] >= 1
     with pytest.raises(openai.AuthenticationError) as e:
         ray_server.client(key="wrong").completions.create(model=MODEL, prompt="x")
     assert e.value.body["code"] == "invalid_api_key"
@@ -297,3 +306,12 @@ def test_replicas_that_cannot_fit_this_machine_are_one_line_before_ray_starts(fo
                                     "--port", "0"])
     assert res.exit_code != 0 and "need 512 CPUs" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) <= 2        # the loading line, then the error
+
+
+def test_a_cluster_address_nobody_listens_on_is_one_line(folder):
+    with socket.socket() as s:                         # a loopback port that refuses connections
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = CliRunner().invoke(main, ["serve", "--engines", str(folder), "--replicas", "1", "--port", "0",
+                                    "--ray-address", f"127.0.0.1:{port}"])
+    assert res.exit_code != 0 and "cannot join the Ray cluster" in res.output and "Traceback" not in res.output

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -271,6 +272,18 @@ def build(args: dict):
     return api.bind(engine, hub, plain)
 
 
+def _reachable(address: str) -> None:
+    """A HOST:PORT that refuses connections is one line now, not minutes of Ray's retries."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return                                       # `auto`, or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise TrtspecError(f"cannot join the Ray cluster at {address}: {e.strerror or e}; start one there "
+                           "(`ray start --head --port PORT`) or check --ray-address") from None
+
+
 def run(settings: Settings, host: str, port: int, ray_address: str | None, log) -> None:
     """Start (or join, with `ray_address`) Ray, deploy, serve on host:port until SIGTERM / Ctrl-C,
     then drain (new requests refused, running ones finish, at most drain_timeout: Ray Serve's own
@@ -287,7 +300,20 @@ def run(settings: Settings, host: str, port: int, ray_address: str | None, log) 
             ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         else:
-            ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
+            _reachable(ray_address)
+            try:
+                ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
+            except Exception as e:                   # noqa: BLE001 - Ray's ConnectionError, AuthenticationError, ...
+                chain = [e]
+                while chain[-1].__cause__ is not None:
+                    chain.append(chain[-1].__cause__)
+                text = " ".join(str(x) for x in chain)
+                why = ("it refused this client's authentication" if "InvalidAuthToken" in text
+                       else (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
+                raise TrtspecError(f"cannot join the Ray cluster at {ray_address} ({why}); check the address "
+                                   "(`ray start --head` prints it) and, if the cluster uses token authentication, "
+                                   "set RAY_AUTH_MODE=token with its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
+                                   ) from None
         # after ray.init, whose core installs its own SIGTERM handler (a crash report, then abort)
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
