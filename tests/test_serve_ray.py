@@ -301,11 +301,19 @@ def test_without_ray_installed_serve_says_how_to_get_it(folder, monkeypatch):
     assert out.returncode == 0, out.stderr            # one process needs no Ray
 
 
-def test_replicas_that_cannot_fit_this_machine_are_one_line_before_ray_starts(folder):
+def test_replicas_that_cannot_fit_this_machine_are_one_line_before_ray_starts(folder, monkeypatch):
     res = CliRunner().invoke(main, ["serve", "--engines", str(folder), "--replicas", "2", "--threads", "256",
                                     "--port", "0"])
     assert res.exit_code != 0 and "need 512 CPUs" in res.output and "Traceback" not in res.output
-    assert len(res.output.strip().splitlines()) <= 2        # the loading line, then the error
+    assert len(res.output.strip().splitlines()) == 1
+    from trtspec.assembly.load import check_fits, open_folder
+    monkeypatch.setenv("TRTSPEC_MEMORY_LIMIT", str(100 << 20))   # one replica's KV pools fit, two do not
+    manifest, cfg, _ = open_folder(folder)
+    check_fits(folder, manifest, cfg, 8, copies=1)
+    args = ["serve", "--engines", str(folder), "--threads", "1", "--max-batch", "8", "--port", "0"]
+    res = CliRunner().invoke(main, args + ["--replicas", "2"])
+    assert res.exit_code != 0 and "2 replicas share this machine's memory" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
 
 
 def test_a_cluster_address_nobody_listens_on_is_one_line(folder):

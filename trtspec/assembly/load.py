@@ -14,7 +14,7 @@ from ..runtime.engine import Engine
 from ..runtime.generator import Generator
 from .backends import BACKENDS, LoadOptions
 from .config import Config
-from .memory import fit
+from .memory import available_bytes, fit
 
 
 def torch_model(folder: Path, role: str, info: dict, config: dict) -> Decoder:
@@ -112,6 +112,19 @@ def load_tokenizer(folder: str | Path, manifest: dict):
     return load(Path(folder) / manifest["tokenizer"], cache=False)
 
 
+def check_fits(folder: Path, manifest: dict, cfg: Config, slots: int | None = None, prefix_cache: int | None = None,
+               copies: int = 1) -> None:
+    """EngineError (one line, with what would fit) unless `copies` generators of this folder fit in this
+    machine's memory (`trtspec serve --replicas` on a local Ray instance loads one per replica)."""
+    if cfg.device != "cpu":
+        return
+    slots = slots or cfg.slots
+    stored = next((p for p in (prefix_cache, cfg.prefix_cache) if p is not None), cfg.max_seq_len)
+    avail = available_bytes()
+    fit(Path(folder), manifest, cfg.max_seq_len, slots, stored=stored,
+        available=None if copies == 1 or avail is None else avail // copies)
+
+
 def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
                    config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
                    tokenizer=None, slots: int | None = None, max_queue: int | None = None,
@@ -123,8 +136,7 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     threads = cfg.threads if threads is None else threads
     slots = slots or cfg.slots
     prefix_cache = next((p for p in (prefix_cache, cfg.prefix_cache) if p is not None), cfg.max_seq_len)
-    if cfg.device == "cpu":
-        fit(folder, manifest, cfg.max_seq_len, slots, stored=prefix_cache)   # refused in one line before loading
+    check_fits(folder, manifest, cfg, slots, prefix_cache)               # refused in one line before loading
     if threads:
         torch.set_num_threads(threads)
     target = load_role(folder, "target", manifest, cfg, backend, threads)

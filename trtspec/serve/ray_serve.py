@@ -247,7 +247,8 @@ def deployment_options(s: Settings, slots: int) -> dict:
     """Engine's Ray Serve options: fixed replicas, or autoscaling on ongoing requests (its slots)."""
     opts = {"ray_actor_options": {"num_cpus": s.threads}, "max_ongoing_requests": slots,
             "max_queued_requests": s.max_queue, "graceful_shutdown_timeout_s": s.drain_timeout,
-            "graceful_shutdown_wait_loop_s": 0.5, "health_check_period_s": 5.0}
+            "graceful_shutdown_wait_loop_s": 0.5, "health_check_period_s": 5.0,
+            "max_constructor_retry_count": 3}            # a replica that cannot load fails the deploy soon
     low, initial, high = replica_range(s)
     if s.min_replicas is None and s.max_replicas is None:
         return opts | {"num_replicas": initial}
@@ -272,6 +273,22 @@ def build(args: dict):
     return api.bind(engine, hub, plain)
 
 
+def _fits_here(s: Settings) -> None:
+    """A local instance: every replica (at most max_replicas) needs its cores and its memory here;
+    one line before Ray starts, rather than replicas Ray cannot place or that fail to load."""
+    from ..assembly.load import check_fits
+    most = replica_range(s)[2]
+    if s.threads * most > (os.cpu_count() or 1):
+        raise TrtspecError(f"{most} replicas × --threads {s.threads} need {s.threads * most} CPUs; this machine "
+                           f"has {os.cpu_count()}: lower --threads or the replicas")
+    manifest, cfg, _, _, _ = _open(s)
+    try:
+        check_fits(s.engines, manifest, cfg, s.max_batch, s.prefix_cache, copies=most)
+    except TrtspecError as e:
+        raise TrtspecError(f"{most} replicas share this machine's memory, each a copy of the engines: {e}"
+                           if most > 1 else str(e)) from None
+
+
 def _reachable(address: str) -> None:
     """A HOST:PORT that refuses connections is one line now, not minutes of Ray's retries."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
@@ -293,10 +310,7 @@ def run(settings: Settings, host: str, port: int, ray_address: str | None, log) 
     previous = {}
     try:
         if local:
-            most = replica_range(settings)[2]        # a local instance: every replica must fit this machine
-            if settings.threads * most > (os.cpu_count() or 1):
-                raise TrtspecError(f"{most} replicas × --threads {settings.threads} need {settings.threads * most} "
-                                   f"CPUs; this machine has {os.cpu_count()}: lower --threads or the replicas")
+            _fits_here(settings)
             ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
                      log_to_driver=False, configure_logging=False)
         else:

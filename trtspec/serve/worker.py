@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from ..runtime.generator import Generator
 from ..runtime.strategies import STRATEGIES
