@@ -213,7 +213,8 @@ async def respond(svc: Service, body, ids: list[int], request: Request, chat: bo
         await events.aclose()
     choices = []
     for i, out in enumerate(outs):
-        choice = {"index": i, "logprobs": logprobs_json(svc, body, logprobs[i], chat), "finish_reason": out.finish_reason}
+        choice = {"index": i, "logprobs": logprobs_json(svc, body, logprobs[i], chat),
+                  "finish_reason": out.finish_reason}
         choice |= {"message": {"role": "assistant", "content": texts[i]}} if chat else {"text": texts[i]}
         choices.append(choice)
     answer = {"id": ident, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),

@@ -301,33 +301,34 @@ def _reachable(address: str) -> None:
                            "(`ray start --head --port PORT`) or check --ray-address") from None
 
 
+def _start_ray(settings: Settings, ray_address: str | None) -> None:
+    """A local instance (loopback, its replicas checked against this machine first), or join a cluster."""
+    if ray_address is None:
+        _fits_here(settings)
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        return
+    _reachable(ray_address)
+    try:
+        ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
+    except Exception as e:                           # noqa: BLE001 - Ray's ConnectionError, AuthenticationError, ...
+        chain = [e]
+        while chain[-1].__cause__ is not None:
+            chain.append(chain[-1].__cause__)
+        why = ("it refused this client's authentication" if "InvalidAuthToken" in " ".join(map(str, chain))
+               else (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
+        raise TrtspecError(f"cannot join the Ray cluster at {ray_address} ({why}); check the address (`ray start "
+                           "--head` prints it) and, if the cluster uses token authentication, set RAY_AUTH_MODE=token "
+                           "with its token (~/.ray/auth_token or RAY_AUTH_TOKEN)") from None
+
+
 def run(settings: Settings, host: str, port: int, ray_address: str | None, log) -> None:
     """Start (or join, with `ray_address`) Ray, deploy, serve on host:port until SIGTERM / Ctrl-C,
     then drain (new requests refused, running ones finish, at most drain_timeout: Ray Serve's own
     shutdown would cut them) and stop what we started."""
-    stop = threading.Event()
-    local = ray_address is None
-    previous = {}
+    stop, local, previous = threading.Event(), ray_address is None, {}
     try:
-        if local:
-            _fits_here(settings)
-            ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        else:
-            _reachable(ray_address)
-            try:
-                ray.init(address=ray_address, log_to_driver=False, configure_logging=False)
-            except Exception as e:                   # noqa: BLE001 - Ray's ConnectionError, AuthenticationError, ...
-                chain = [e]
-                while chain[-1].__cause__ is not None:
-                    chain.append(chain[-1].__cause__)
-                text = " ".join(str(x) for x in chain)
-                why = ("it refused this client's authentication" if "InvalidAuthToken" in text
-                       else (str(e).strip().splitlines() or [type(e).__name__])[0][:200])
-                raise TrtspecError(f"cannot join the Ray cluster at {ray_address} ({why}); check the address "
-                                   "(`ray start --head` prints it) and, if the cluster uses token authentication, "
-                                   "set RAY_AUTH_MODE=token with its token (~/.ray/auth_token or RAY_AUTH_TOKEN)"
-                                   ) from None
+        _start_ray(settings, ray_address)
         # after ray.init, whose core installs its own SIGTERM handler (a crash report, then abort)
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
@@ -336,8 +337,8 @@ def run(settings: Settings, host: str, port: int, ray_address: str | None, log) 
         try:
             serve.run(build(asdict(settings)), name=APP, route_prefix="/", blocking=False)
         except RuntimeError as e:                    # a replica failed to start: Ray Serve's logs say why
-            raise TrtspecError(f"Ray Serve could not start the replicas ({str(e).strip().splitlines()[-1]}); "
-                               "their logs: logs/serve in the Ray session folder (/tmp/ray/session_latest on this node)") from None
+            raise TrtspecError(f"Ray Serve could not start the replicas ({str(e).strip().splitlines()[-1]}); their "
+                               "logs: logs/serve in the Ray session folder (/tmp/ray/session_latest here)") from None
         shown = f"[{host}]" if ":" in host else host
         log(f"serving on Ray Serve ({'local instance' if local else ray_address}): replicas ready in "
             f"{time.perf_counter() - t0:.1f}s, on http://{shown}:{port}/v1")
@@ -356,4 +357,3 @@ def run(settings: Settings, host: str, port: int, ray_address: str | None, log) 
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     log("stopped")
-
