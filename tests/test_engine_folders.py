@@ -70,13 +70,13 @@ def test_tensorrt_build_refused_up_front_here(tmp_path):
 
 def test_loaders_eos_ids_reach_the_manifest(tmp_path, monkeypatch):
     import trtspec.assembly.build as build_mod
-    real = build_mod.load_model
+    real = build_mod.open_source
 
     def with_eos(entry, role):
-        model = real(entry, role)
-        model.spec.extra["eos_token_ids"] = [7, 11]
-        return model
-    monkeypatch.setattr(build_mod, "load_model", with_eos)
+        weights = real(entry, role)
+        weights.spec.extra["eos_token_ids"] = [7, 11]
+        return weights
+    monkeypatch.setattr(build_mod, "open_source", with_eos)
     out = build_engines(load_config(TINY), tmp_path / "eos", backend="torch", **QUIET)
     assert {7, 11} <= set(verify(out)["stop_ids"])
     assert {7, 11} <= load_generator(out).stop_ids

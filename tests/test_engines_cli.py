@@ -248,9 +248,9 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     trees, and every strategy reproduces its `ar`, alone and sharing a batch. The same graph with fp32
     attention is not exact (the check can fail)."""
     from trtspec.engines.onnxruntime_engine import OrtEngine
-    from trtspec.engines.quantize import quantize_onnx
-    from trtspec.export.onnx_export import export_onnx
+    from trtspec.engines.stream import build_graph
     from trtspec.export.tiny import tiny_pair, tiny_spec
+    from trtspec.engines.weights import StateWeights
     from trtspec.tools.inspect_engines import count_differences
 
     folder = int8_folder
@@ -278,8 +278,8 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     gen.close()
 
     target, _ = tiny_pair(tiny_spec(**load_config(TINY).target.tiny.model_dump()), seed=0)
-    export_onnx(target, tmp_path / "fp32-attention.onnx")
-    quantize_onnx(tmp_path / "fp32-attention.onnx", tmp_path / "level4.onnx", "int4", "int8")
+    build_graph(StateWeights(target.spec, target.state_dict()), tmp_path / "level4.onnx", torch.float32,
+                exact=False, quantize="int4", accuracy_level=4)
     engine = OrtEngine(tmp_path / "level4.onnx", target.spec, intra_op_threads=1)
     differ, nodes, _ = count_differences(engine, target.spec.vocab_size, trees=40, longest=200)
     assert differ > nodes // 2, (differ, nodes)

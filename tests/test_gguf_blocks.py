@@ -140,14 +140,14 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     from test_onnx import assert_step_close, prefill
 
     from trtspec.engines.onnxruntime_engine import OrtEngine
-    from trtspec.engines.quantize import quantize_onnx
     from trtspec.engines.torch_engine import TorchEngine
     from trtspec.export.checkpoint import load_decoder
-    from trtspec.export.onnx_export import export_onnx, optimize_for_ort
+    from trtspec.export.onnx_export import optimize_for_ort
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
 
     model = load_decoder(tiny_gguf)
-    fp32 = export_onnx(model, tmp_path / "m.onnx")
-    rec = quantize_onnx(fp32, tmp_path / "q.onnx", "gguf", "fp32", tiny_gguf)
+    rec = build_graph(open_weights(tiny_gguf), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
     assert rec["matmuls_quantized"] == rec["matmuls_total"] == 2 * 7 + 1
     assert rec["block_types"] == {"Q4_K": 2, "Q5_K": 2, "Q6_K": 3, "Q8_0": 2, "Q4_0": 2, "Q4_1": 2, "Q5_0": 1,
                                   "Q5_1": 1}
@@ -159,7 +159,7 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     assert len(res) == 15 and all(res.values()), res
     assert gguf_blocks.main([str(tmp_path / "q.onnx"), str(tiny_gguf)]) == 0
     # int8 activations: Q5_*/Q6_K/Q8_0 as one 8-bit term each, the same weights bit for bit
-    quantize_onnx(fp32, tmp_path / "q8.onnx", "gguf", "int8", tiny_gguf)
+    build_graph(open_weights(tiny_gguf), tmp_path / "q8.onnx", torch.float32, quantize="gguf", accuracy_level=4)
     wide = [n for n in onnx.load(str(tmp_path / "q8.onnx")).graph.node if n.op_type == "MatMulNBits"
             and any(a.name == "bits" and a.i == 8 for a in n.attribute)]
     assert len(wide) == 2 + 3 + 2 + 1 + 1            # Q5_K, Q6_K, Q8_0, Q5_0, Q5_1: one term each
@@ -181,14 +181,13 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
 
 def test_the_probe_catches_a_changed_weight(tiny_gguf, tmp_path):
     """The probe can fail: one scale moved by one ulp in the built graph is reported."""
+    import torch
     from onnx import numpy_helper
 
-    from trtspec.engines.quantize import quantize_onnx
-    from trtspec.export.checkpoint import load_decoder
-    from trtspec.export.onnx_export import export_onnx
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
 
-    fp32 = export_onnx(load_decoder(tiny_gguf), tmp_path / "m.onnx")
-    quantize_onnx(fp32, tmp_path / "q.onnx", "gguf", "fp32", tiny_gguf)
+    build_graph(open_weights(tiny_gguf), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
     graph = onnx.load(str(tmp_path / "q.onnx"))
     init = next(i for i in graph.graph.initializer if i.name.endswith("/scale0") and "attn_v" in i.name)
     a = numpy_helper.to_array(init).copy()
@@ -202,13 +201,13 @@ def test_the_probe_catches_a_changed_weight(tiny_gguf, tmp_path):
 
 def test_a_build_refuses_blocks_that_decode_differently(tiny_gguf, tmp_path, monkeypatch):
     """If the decoded blocks ever stop being gguf's weights (a format change), the build stops with one
-    error naming the tensor instead of writing a graph with other weights: one scale a ulp off is enough."""
-    import onnx as _onnx
+    error naming the tensor instead of writing a graph with other weights: one scale a ulp off is
+    enough (checked slice by slice of rows, as the streaming build does)."""
+    import torch
 
-    from trtspec.export.checkpoint import load_decoder
-    from trtspec.export.onnx_export import export_onnx
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
 
-    fp32 = export_onnx(load_decoder(tiny_gguf), tmp_path / "m.onnx")
     real = gguf_blocks.decode
 
     def off_by_one_ulp(raw, qtype, shape):
@@ -219,4 +218,5 @@ def test_a_build_refuses_blocks_that_decode_differently(tiny_gguf, tmp_path, mon
 
     monkeypatch.setattr(gguf_blocks, "decode", off_by_one_ulp)
     with pytest.raises(RuntimeError, match=r"tensor \S+ \(Q6_K\) decodes differently from gguf.quants.dequantize"):
-        gguf_blocks.replace_matmuls(_onnx.load(str(fp32)), tiny_gguf, accuracy_level=1)
+        build_graph(open_weights(tiny_gguf), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
+    assert not (tmp_path / "q.onnx").exists()          # nothing half-written left behind

@@ -33,7 +33,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-import torch
 from filelock import FileLock, Timeout
 from safetensors.torch import save_file
 from tqdm import tqdm
@@ -42,27 +41,22 @@ from ..engines.manifest import EngineError, verify, write_manifest
 from ..engines.quantize import activations, exact_attention
 from ..errors import Terminated
 from ..export.contract import io_spec
-from ..export.model import Decoder
 from ..export.spec import DTYPES
 from ..options import MAX_STEP_TOKENS
 from .backends import BACKENDS
 from .config import Config, ModelEntry
-from .sources import load_model, load_tokenizer_for
+from ..engines.stream import release_memory
+from .sources import load_tokenizer_for, open_source
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)
 
 
-def _weights(model: Decoder) -> dict[str, torch.Tensor]:
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if model.spec.tie_word_embeddings:
-        state.pop("lm_head.weight", None)   # safetensors refuses shared storage; re-tied on load
-    return state
-
-
 def build_engines(cfg: Config, output: str | Path, backend: str | None = None, force: bool = False,
-                  log=click.echo, reuse: bool = False) -> Path:
+                  log=click.echo, reuse: bool = False, checked: bool = False) -> Path:
     """Build `cfg` into `output`. `reuse`: an intact folder already there (built by another process
-    while this one waited for the lock) is returned as it is."""
+    while this one waited for the lock) is returned as it is. Refused in one line, before any work,
+    where the build would not fit this machine's memory or disk (build_need.py; `checked`: the
+    caller has just asked)."""
     output = Path(output)
     backend = backend or cfg.backend
     cfg = cfg.with_backend(backend)          # the backend's own config rules, before anything is built
@@ -71,6 +65,9 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
     if reason := BACKENDS[backend].unavailable():
         raise EngineError(f"cannot build for backend {backend} here: {reason}; build with --backend onnxruntime "
                           "(or torch), or on a machine with its libraries and device")
+    if not checked and not (reuse and intact(output)):
+        from .build_need import check_build
+        check_build(cfg, output, BACKENDS[backend].onnx)     # memory and disk, before any work
     output.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(output, log), interrupts():
         if reuse and intact(output):
@@ -92,6 +89,7 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(output.with_name(f"{output.name}.old-{os.getpid()}"), ignore_errors=True)
         from .load import measure_costs
+        release_memory(collect=True)
         try:
             measure_costs(output, log=log)      # budget: auto plans with them (costs.json, not hashed)
         except Exception as e:                  # noqa: BLE001 - the build itself succeeded
@@ -177,8 +175,7 @@ class interrupts:
 
 
 def _build(cfg: Config, out: Path, backend: str, log) -> dict:
-    from ..export.spec import SpecError
-    from ..export.tokenizer import check_same_vocab, eos_token_ids, save_tokenizer
+    from ..export.tokenizer import check_same_vocab, save_tokenizer
 
     want_onnx = BACKENDS[backend].onnx        # build_engines refused a backend this machine cannot run
     roles = [("target", cfg.target)] + ([("draft", cfg.draft)] if cfg.draft else [])
@@ -190,41 +187,9 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
     models = {}
     stop_ids: set[int] = set()
-    for role, entry in roles:
-        q = f" {entry.quantize}" if entry.quantize != "none" else ""
-        stages = ["load"] + ([] if want_onnx else ["weights"]) + [f"onnx {d}{q}" for d in
-                                                                  (cfg.build.onnx_dtypes if want_onnx else [])]
-        bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
-        folder = out / role
-        folder.mkdir()
-        info: dict = {"source": entry.model, "dtype": entry.dtype, "artifacts": {}}
-        for stage in bar:
-            bar.set_postfix_str(stage)
-            if stage == "load":
-                model = load_model(entry, role)
-                vocab = len(tok)
-                if vocab > model.spec.vocab_size:
-                    raise SpecError(f"the tokenizer has {vocab} tokens but {role} {entry.model} only "
-                                     f"{model.spec.vocab_size} embeddings: they do not belong together")
-                if cfg.max_seq_len > model.spec.max_position_embeddings:
-                    raise EngineError(f"max_seq_len {cfg.max_seq_len} is longer than {role} {entry.model} was "
-                                      f"trained for ({model.spec.max_position_embeddings} positions); lower "
-                                      "max_seq_len in the config")
-                info["spec"] = model.spec.to_dict()
-                exact = exact_attention(role, entry) and want_onnx
-                info["io"] = io_spec(model.spec, "fp64" if exact else entry.dtype)
-                if exact:
-                    info["attention"] = "fp64"
-                if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
-                    stop_ids = eos_token_ids(tok, model.spec)
-            elif stage == "weights":
-                save_file(_weights(model), str(folder / "weights.safetensors"))
-                info["artifacts"]["weights"] = f"{role}/weights.safetensors"
-            else:
-                info["artifacts"].update(_export_onnx(cfg, model, folder, role, stage.split()[1], backend,
-                                                      entry, info))
-        models[role] = info
-        del model
+    with _ahead(cfg, roles, want_onnx) as ahead:
+        for role, entry in roles:
+            models[role], stop_ids = _build_role(cfg, out, backend, role, entry, tok, want_onnx, ahead, stop_ids)
     return {
         "config": cfg.with_backend(backend).to_dict(),
         "backend": backend,
@@ -235,27 +200,90 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
     }
 
 
-def _export_onnx(cfg: Config, model: Decoder, folder: Path, role: str, dt: str, backend: str,
-                 entry: ModelEntry, info: dict) -> dict[str, str]:
-    """The model as ONNX in dtype `dt` (weight-only quantized if asked), then what the backend makes
-    of it (backends.py `convert`: ORT's optimized graph, TensorRT plans)."""
-    from ..export.onnx_export import export_onnx, remove_graph
+@contextmanager
+def _ahead(cfg: Config, roles, want_onnx: bool):
+    """The draft's weightless graph exported in a worker process while this one builds the target
+    (the exporter's optimizer is single-threaded Python: minutes for a real model); {(role, dtype):
+    AsyncResult}. Tiny models are exported in place (a process would cost more than it saves)."""
+    later = [(role, entry) for role, entry in roles[1:] if not entry.model.startswith("tiny:")]
+    if not (want_onnx and later):
+        yield {}
+        return
+    import multiprocessing
 
-    m = model if DTYPES[dt] == model.model.embed_tokens.weight.dtype else _cast(model, DTYPES[dt])
-    if exact_attention(role, entry):
-        m.exact_attention()
-    path = folder / f"model.{dt}.onnx"
-    export_onnx(m, path, opset=cfg.build.opset)
-    if entry.quantize != "none":        # the config allows it for onnxruntime fp32 only
-        from ..engines.quantize import quantize_onnx
-        from ..export.packs import resolve_model
-        fp32, path = path, folder / f"model.{dt}-{entry.quantize}.onnx"
-        gguf = resolve_model(entry.model) if entry.quantize == "gguf" else None
-        info["quantize"] = quantize_onnx(fp32, path, entry.quantize, activations(role, entry), gguf)
-        remove_graph(fp32)
-    return BACKENDS[backend].convert(cfg, model.spec, path, role, dt)
+    from ..engines.stream import export_graph_bytes
+    pool = multiprocessing.get_context("spawn").Pool(1)
+    try:
+        yield {(role, dt): pool.apply_async(export_graph_bytes, (open_source(entry, role).spec.to_dict(), dt,
+                                                                 exact_attention(role, entry), cfg.build.opset))
+               for role, entry in later for dt in cfg.build.onnx_dtypes}
+    finally:
+        pool.terminate()
+        pool.join()
 
 
-def _cast(model: Decoder, dtype: torch.dtype) -> Decoder:
-    state = {k: v for k, v in model.state_dict().items()}
-    return Decoder.from_state(model.spec, state, dtype)
+def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEntry, tok, want_onnx: bool,
+                ahead: dict, stop_ids: set[int]) -> tuple[dict, set[int]]:
+    """One model's artifacts in `out`/ROLE: its manifest entry, and the stop ids (the target's)."""
+    from ..export.spec import SpecError
+    from ..export.tokenizer import eos_token_ids
+    q = f" {entry.quantize}" if entry.quantize != "none" else ""
+    stages = ["open"] + ([] if want_onnx else ["weights"]) + [
+        s for d in (cfg.build.onnx_dtypes if want_onnx else []) for s in (f"onnx {d}{q}", f"{backend} {d}")]
+    bar = tqdm(stages, desc=f"{role}: {entry.model}", unit="stage", leave=True)
+    folder = out / role
+    folder.mkdir()
+    info: dict = {"source": entry.model, "dtype": entry.dtype, "artifacts": {}}
+    for stage in bar:
+        bar.set_postfix_str(stage)
+        if stage == "open":         # the spec and a reader of the weights: nothing loaded yet
+            weights = open_source(entry, role)
+            spec = weights.spec
+            vocab = len(tok)
+            if vocab > spec.vocab_size:
+                raise SpecError(f"the tokenizer has {vocab} tokens but {role} {entry.model} only "
+                                 f"{spec.vocab_size} embeddings: they do not belong together")
+            if cfg.max_seq_len > spec.max_position_embeddings:
+                raise EngineError(f"max_seq_len {cfg.max_seq_len} is longer than {role} {entry.model} was "
+                                  f"trained for ({spec.max_position_embeddings} positions); lower "
+                                  "max_seq_len in the config")
+            info["spec"] = spec.to_dict()
+            exact = exact_attention(role, entry) and want_onnx
+            info["io"] = io_spec(spec, "fp64" if exact else entry.dtype)
+            if exact:
+                info["attention"] = "fp64"
+            if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
+                stop_ids = eos_token_ids(tok, spec)
+        elif stage == "weights":        # the torch backend loads the whole model anyway
+            save_file({k: weights.get(k, entry.torch_dtype) for k in weights.shapes},
+                      str(folder / "weights.safetensors"))
+            info["artifacts"]["weights"] = f"{role}/weights.safetensors"
+        elif stage.startswith("onnx "):  # the graph, one tensor at a time
+            dt = stage.split()[1]
+            graph = _export_onnx(cfg, weights, folder, role, dt, entry, info, ahead.get((role, dt)))
+        else:                            # what the backend makes of it (ORT's optimized graph, plans)
+            release_memory(collect=True)
+            info["artifacts"].update(BACKENDS[backend].convert(cfg, spec, graph, role, stage.split()[1]))
+    del weights
+    release_memory(collect=True)
+    return info, stop_ids
+
+
+def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: ModelEntry, info: dict,
+                 ahead=None) -> Path:
+    """The model as an ONNX graph in dtype `dt` (weight-only quantized if asked), written one tensor
+    at a time (engines/stream.py); `ahead`: its graph, being exported by a worker process."""
+    from ..engines.quantize import ACCURACY_LEVEL, record
+    from ..engines.stream import build_graph
+
+    mode, acts = entry.quantize, activations(role, entry)
+    path = folder / (f"model.{dt}.onnx" if mode == "none" else f"model.{dt}-{mode}.onnx")
+    counts = build_graph(weights, path, DTYPES[dt], exact_attention(role, entry), cfg.build.opset, mode,
+                         ACCURACY_LEVEL[acts], desc=f"{role}: writing {path.name}",
+                         exported=None if ahead is None else ahead.get())
+    if mode != "none":              # the config allows it for onnxruntime fp32 only
+        if counts["matmuls_quantized"] == 0:
+            raise EngineError(f"{role} {entry.model}: no MatMul weight is a quantized tensor of the source; "
+                              "use quantize int4")
+        info["quantize"] = record(mode, acts, counts)
+    return path

@@ -24,6 +24,9 @@ def engines_for_config(cfg: Config, log=print, backend: str | None = None) -> Pa
             return folder
         except EngineError as e:
             log(f"cached engines unusable ({e}); rebuilding")
+    from .backends import BACKENDS
+    from .build_need import check_build
+    check_build(cfg, folder, BACKENDS[cfg.backend].onnx)      # memory and disk, before a word of progress
     log(f"building engines for {cfg.name} into {folder} (first use only)")
     # reuse: another process may finish building the same folder while this one waits for its lock
-    return build_engines(cfg, folder, force=True, log=log, reuse=True)
+    return build_engines(cfg, folder, force=True, log=log, reuse=True, checked=True)

@@ -33,6 +33,18 @@ def load_model(entry: ModelEntry, role: str) -> Decoder:
     return model
 
 
+def open_source(entry: ModelEntry, role: str):
+    """The entry's weights, read one tensor at a time (engines/weights.py): what a streaming build
+    needs instead of `load_model`'s Decoder. Tiny models are made in memory."""
+    from ..engines.weights import StateWeights, open_weights
+    if entry.model.startswith("tiny:"):
+        model = load_model(entry, role)
+        return StateWeights(model.spec, model.state_dict())
+    from ..export.packs import resolve_model
+    weights = open_weights(resolve_model(entry.model))
+    return weights.layers(entry.layers) if entry.layers else weights
+
+
 def truncate_layers(spec: ModelSpec, state: dict, n: int) -> tuple[ModelSpec, dict]:
     """The first n layers with the model's own final norm and head: an early-exit self-draft that
     shares the target's tokenizer by construction (LayerSkip-style drafting, without training)."""

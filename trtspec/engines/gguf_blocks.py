@@ -22,7 +22,6 @@ nibbles there. MatMuls whose weight is F32/F16/BF16 or another block type stay f
 from __future__ import annotations
 
 import functools
-import hashlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,7 +149,7 @@ def terms(bl: Blocks, bits: int = 4) -> list[tuple[np.ndarray, np.ndarray, np.nd
     nibble of the codes, low nibble first (4)."""
     n, k = bl.codes.shape
     nb = k // bl.block
-    u = (bl.codes.astype(np.int32) - bl.low).astype(np.uint8)
+    u = (bl.codes - np.int16(bl.low)).astype(np.uint8)      # 0 .. 2^bits - 1 (int16: no wider copy)
     z = -bl.low
     if bits == 8:                      # one byte per code and per block's zero point
         return [(u.reshape(n, nb, bl.block), bl.scale.astype(np.float32), np.full(n * nb, z, dtype=np.uint8))]
@@ -194,72 +193,6 @@ def matmul_nodes(name: str, x: str, y: str, bl: Blocks, accuracy_level: int):
                   helper.make_node("Add", [acc, f"{p}min"], [f"{p}out"], name=f"{p}out")]
     nodes[-1].output[0] = y          # the replaced MatMul's output
     return nodes, inits
-
-
-def _key(a: np.ndarray) -> tuple:
-    return a.shape, hashlib.blake2b(np.ascontiguousarray(a).tobytes(), digest_size=16).digest()
-
-
-def replace_matmuls(model, gguf_path: Path, accuracy_level: int) -> dict:
-    """Replace, in place, every MatMul of `model` (an fp32 step graph exported from this GGUF's
-    dequantized weights) whose constant weight is one of the GGUF's quantized tensors, found by
-    content; returns the manifest record's counts."""
-    from onnx import numpy_helper
-
-    from ..export.gguf_loader import GGUFFile, _dequantize, hf_name, spec_from_gguf
-
-    inits = {i.name: i for i in model.graph.initializer}
-    users: dict[str, int] = {}
-    for node in model.graph.node:
-        for i in node.input:
-            users[i] = users.get(i, 0) + 1
-    by_key: dict[tuple, list] = {}
-    total = 0
-    for node in model.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in inits and len(inits[node.input[1]].dims) == 2:
-            total += 1
-            by_key.setdefault(_key(numpy_helper.to_array(inits[node.input[1]])), []).append(node)
-
-    gf = GGUFFile(gguf_path)
-    spec = spec_from_gguf(gf)
-    found: dict[str, tuple] = {}                       # node name -> (gguf tensor, blocks)
-    for t in gf.tensors:
-        if t.qtype not in _layout() or hf_name(t.name) is None or len(t.shape) != 2:
-            continue
-        perm = _row_order(spec, t.name, t.shape[0])
-        w = _dequantize(gf, t)[perm]
-        nodes = by_key.get(_key(w.T))
-        if not nodes:
-            continue
-        bl = decode(gf.raw(t), t.qtype, tuple(t.shape)).rows(perm)
-        if not np.array_equal(bl.dequantize().view(np.uint32), w.view(np.uint32)):
-            raise RuntimeError(f"{gguf_path}: tensor {t.name} ({t.qtype.name}) decodes differently from "
-                               "gguf.quants.dequantize; this gguf release changed the format: report it")
-        for node in nodes:
-            found[node.name] = (t, bl)
-        del w
-
-    kept, counts = [], {}
-    for node in model.graph.node:
-        if node.name not in found:
-            kept.append(node)
-            continue
-        t, bl = found[node.name]
-        new, new_inits = matmul_nodes(f"{t.name}/{node.name}", node.input[0], node.output[0], bl, accuracy_level)
-        kept += new
-        model.graph.initializer.extend(new_inits)
-        counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
-        users[node.input[1]] -= 1
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    if counts and not any(o.domain == "com.microsoft" for o in model.opset_import):
-        from onnx import helper
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    dead = {n for n, c in users.items() if c == 0 and n in inits}
-    keep = [i for i in model.graph.initializer if i.name not in dead]
-    del model.graph.initializer[:]
-    model.graph.initializer.extend(keep)
-    return {"matmuls_quantized": sum(counts.values()), "matmuls_total": total, "block_types": counts}
 
 
 def _row_order(spec, tensor: str, rows: int) -> np.ndarray:

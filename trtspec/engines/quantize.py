@@ -1,8 +1,9 @@
 """Weight-only quantization: int4 / int8 ONNX graphs (onnxruntime), dynamic int8 drafts (torch).
 
-ONNX Runtime: `quantize_onnx` runs ONNX Runtime's own `MatMulNBitsQuantizer` over the exported fp32
-graph: every MatMul with a constant weight (q/k/v/o, gate/up/down, an untied LM head) becomes one
-`com.microsoft.MatMulNBits` node holding block-wise weights, scales and zero points. We use that
+ONNX Runtime: `quantize_matmul` runs ONNX Runtime's own `MatMulNBitsQuantizer` on each MatMul with
+a weight as the streaming build writes it (engines/stream.py): every one (q/k/v/o, gate/up/down, the
+LM head) becomes one `com.microsoft.MatMulNBits` node holding block-wise weights, scales and zero
+points. We use that
 op rather than standard blocked `DequantizeLinear` + `MatMul` because it is what ORT's CPU kernels
 run (no fusion pass needed to get there). TensorRT would want the QDQ form instead; quantized
 TensorRT plans are not built (refused in the config: never ran here).
@@ -28,9 +29,7 @@ Torch: `quantize_decoder` applies dynamic int8 to every Linear of a *draft* at l
 from __future__ import annotations
 
 import logging
-import time
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -65,56 +64,67 @@ def scheme(mode: str, acts: str) -> dict:
             "quantizer": f"onnxruntime.quantization.MatMulNBitsQuantizer (onnxruntime {onnxruntime.__version__})"}
 
 
-def quantize_onnx(src: Path, dst: Path, mode: str, acts: str, gguf: Path | None = None) -> dict:
-    """Write `src` (an fp32 step graph of the target or a draft) as a weight-only int4/int8 graph at
-    `dst` (external data if large), or with the blocks of the GGUF it came from (`gguf`); returns the
-    manifest record: the scheme and the MatMul count."""
-    import onnx
-    from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES, remove_graph, save_graph
-
-    if mode not in ("int4", "int8", "gguf"):
-        raise ValueError(f"quantize mode {mode!r} is not int4, int8 or gguf")
-    t0 = time.perf_counter()
-    model = onnx.load(str(src))                     # with its external weights
-    if mode == "gguf":
-        return _gguf(model, src, dst, acts, gguf, t0)
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-    before = sum(n.op_type == "MatMul" for n in model.graph.node)
-    q = MatMulNBitsQuantizer(model, bits=int(mode[3:]), block_size=BLOCK_SIZE, is_symmetric=SYMMETRIC,
-                             accuracy_level=ACCURACY_LEVEL[acts])
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)   # one INFO line per MatMul
-    q.process()
-    out = q.model.model
-    nbits = sum(n.op_type == "MatMulNBits" for n in out.graph.node)
-    if nbits == 0:
-        raise RuntimeError(f"{src}: the quantizer found no MatMul with a constant weight to quantize")
-    remove_graph(dst)
-    save_graph(out, dst, external=sum(len(t.raw_data) for t in out.graph.initializer) > EXTERNAL_DATA_MIN_BYTES)
-    log.info("quantized %s to %s: %d of %d MatMuls in %.1fs", src, mode, nbits, before, time.perf_counter() - t0)
-    return {**scheme(mode, acts), "matmuls_quantized": nbits, "matmuls_total": before}
-
-
-def _gguf(model, src: Path, dst: Path, acts: str, gguf: Path | None, t0: float) -> dict:
-    """`quantize: gguf`: the GGUF's own blocks, exactly (gguf_blocks.py)."""
+def record(mode: str, acts: str, counts: dict) -> dict:
+    """The manifest's `quantize` record of a graph written by engines/stream.py."""
     import onnxruntime
-
-    from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES, remove_graph, save_graph
-    from .gguf_blocks import replace_matmuls
-
-    if gguf is None or gguf.suffix != ".gguf":
-        raise ValueError(f"quantize: gguf takes the blocks of a .gguf source; {gguf} is not one")
-    counts = replace_matmuls(model, gguf, ACCURACY_LEVEL[acts])
-    if counts["matmuls_quantized"] == 0:
-        raise RuntimeError(f"{src}: no MatMul weight of the graph is a quantized tensor of {gguf}")
-    remove_graph(dst)
-    save_graph(model, dst, external=sum(len(t.raw_data) for t in model.graph.initializer) > EXTERNAL_DATA_MIN_BYTES)
-    log.info("%s: %d of %d MatMuls take the GGUF's blocks in %.1fs", src, counts["matmuls_quantized"],
-             counts["matmuls_total"], time.perf_counter() - t0)
+    if mode != "gguf":
+        return {**scheme(mode, acts), "matmuls_quantized": counts["matmuls_quantized"],
+                "matmuls_total": counts["matmuls_total"]}
     return {"mode": "gguf", "op": "com.microsoft.MatMulNBits", "bits": 4, "block_size": "the GGUF's (16 or 32)",
             "symmetric": False, "accuracy_level": ACCURACY_LEVEL[acts], "activations": acts,
             "weights": "the GGUF's block codes, scales and mins: 4-bit terms per nibble of the codes, the mins as "
                        "block sums times offsets; the engine's weights equal gguf.quants.dequantize bit for bit",
             "quantizer": f"trtspec.engines.gguf_blocks (onnxruntime {onnxruntime.__version__})", **counts}
+
+
+COLUMNS = 16384            # a weight's columns quantized at once (the quantizer copies its input a few times)
+
+
+def quantize_matmul(node, weight, bits: int, accuracy_level: int, columns: int = COLUMNS):
+    """(nodes, initializers) of ONNX Runtime's MatMulNBitsQuantizer for one MatMul `node` whose B is
+    `weight` [K, N], or None where it keeps the MatMul. The quantizer runs on a graph of that node
+    alone (a streaming build quantizes one weight at a time), over `columns` columns at a time: each
+    column's blocks are quantized on their own and every output is column-major, so the slices'
+    outputs joined are the whole weight's, byte for byte (tests/test_stream.py)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    parts = [_quantize_columns(node, np.ascontiguousarray(weight[:, i:i + columns]), bits, accuracy_level)
+             for i in range(0, weight.shape[1], columns)]
+    if any(p is None for p in parts):
+        return None
+    nodes, inits = parts[0]
+    if len(parts) > 1:
+        for nd in nodes:
+            for a in nd.attribute:
+                if nd.op_type == "MatMulNBits" and a.name == "N":
+                    a.i = weight.shape[1]
+        joined = []
+        for i, init in enumerate(inits):
+            arrays = [numpy_helper.to_array(p[1][i]) for p in parts]
+            joined.append(numpy_helper.from_array(np.concatenate(arrays, axis=0), init.name))
+        inits = joined
+    return nodes, inits
+
+
+def _quantize_columns(node, weight, bits: int, accuracy_level: int):
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    g = helper.make_graph([node], "one", [helper.make_tensor_value_info(node.input[0], onnx.TensorProto.FLOAT, None)],
+                          [helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(weight, node.input[1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    q = MatMulNBitsQuantizer(m, bits=bits, block_size=BLOCK_SIZE, is_symmetric=SYMMETRIC, accuracy_level=accuracy_level)
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    q.process()
+    out = q.model.model.graph
+    if not any(n.op_type == "MatMulNBits" for n in out.node):
+        return None
+    # Copies: a message taken from a protobuf keeps its whole parent alive, the fp32 weight included
+    return ([type(n).FromString(n.SerializeToString()) for n in out.node],
+            [type(t).FromString(t.SerializeToString()) for t in out.initializer])
 
 
 def quantize_decoder(model: Decoder, mode: str) -> Decoder:

@@ -69,11 +69,13 @@ class GGUFFile:
     Qwen2.5's 150k tokens + 150k merges; this parser walks the same header in well under a second
     and leaves the vocabulary to the tokenizer. Dequantization still uses `gguf.quants`."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, size: int | None = None):
+        """`size`: the whole file's size where `path` holds only its beginning (a pack's first part:
+        enough for the header and the tensor table, never for the tensors)."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
         self.path = path = Path(path)
-        self.size = path.stat().st_size
+        self.size = path.stat().st_size if size is None else size
         with open(path, "rb") as f:
             buf = f.read(4)
             if buf != b"GGUF":
@@ -123,7 +125,6 @@ class GGUFFile:
                 raise _corrupt(path, f"tensor {name} needs bytes up to {t.offset + n_bytes:,} but the file has "
                                      f"{self.size:,}")
             self.tensors.append(t)
-        self._mm = np.memmap(path, mode="r")
 
     def _str(self, off: int) -> tuple[str, int]:
         (n,) = struct.unpack_from("<Q", self._buf, off)
@@ -157,11 +158,12 @@ class GGUFFile:
         return (items if keep else count), off
 
     def raw(self, t: GGUFTensor) -> np.ndarray:
-        """The tensor's bytes as the array `gguf.quants.dequantize` expects (read-only memmap view)."""
+        """The tensor's bytes as the array `gguf.quants.dequantize` expects: read into memory of its
+        own (a memory map would keep every page read resident in this process until the end)."""
         from gguf import GGMLQuantizationType as Q
         from gguf.quants import quant_shape_to_byte_shape
 
-        data = self._mm[t.offset:t.offset + t.n_bytes]
+        data = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
         if t.qtype == Q.F32:
             return data.view(np.float32).reshape(t.shape)
         if t.qtype == Q.F16:
@@ -282,15 +284,28 @@ def unpermute_rope(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, d_half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
+_ROWS = 8192             # rows dequantized at once
+
+
 def _dequantize(gf: GGUFFile, t: GGUFTensor) -> np.ndarray:
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize
 
     raw = gf.raw(t)
     if t.qtype in (Q.F32, Q.F16):
-        return np.array(raw, dtype=np.float32)  # a writable copy out of the read-only memmap
+        return raw.astype(np.float32)
     try:
-        return dequantize(raw, t.qtype)
+        if raw.ndim != 2 or raw.shape[0] <= _ROWS:
+            return dequantize(raw, t.qtype)
+        # By slices of rows: gguf's numpy code makes several temporaries the size of its input's
+        # output (a 150k-token embedding: ~3 GB at once); each block dequantizes alone, so the
+        # slices' outputs are the whole tensor's, bit for bit.
+        first = dequantize(raw[:_ROWS], t.qtype)
+        out = np.empty((raw.shape[0], first.shape[1]), dtype=first.dtype)
+        out[:_ROWS] = first
+        for r in range(_ROWS, raw.shape[0], _ROWS):
+            out[r:r + _ROWS] = dequantize(raw[r:r + _ROWS], t.qtype)
+        return out
     except NotImplementedError:
         raise SpecError(f"GGUF tensor {t.name} uses quantization {t.qtype.name}, which the gguf package cannot "
                         "dequantize; use a Q4_K/Q6_K/Q8_0/F16 file or upgrade gguf (pip install -U gguf)") from None

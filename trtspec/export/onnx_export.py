@@ -107,11 +107,15 @@ def save_graph(proto: onnx.ModelProto, path: Path, external: bool) -> None:
 
 
 def _fix_interface(path: Path, model: Decoder) -> None:
-    """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
-    reject non-standard domains. Loads only the graph, so external weights are untouched."""
-    s = model.spec
+    """fix_interface on the graph at `path`; loads only the graph, so external weights are untouched."""
     proto = onnx.load(str(path), load_external_data=False)
-    kv = _TORCH_TO_ONNX[model.kv_dtype]
+    onnx.save_model(fix_interface(proto, model.spec, model.kv_dtype), str(path))
+
+
+def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype) -> onnx.ModelProto:
+    """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
+    reject non-standard domains."""
+    kv = _TORCH_TO_ONNX[kv_dtype]
     i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
     want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
             "attn_mask": (b, ["batch", "new_tokens", "total_len"]), "logit_rows": (i64, ["batch", "logit_rows"]),
@@ -133,14 +137,14 @@ def _fix_interface(path: Path, model: Decoder) -> None:
     odd = sorted({n.domain for n in proto.graph.node if n.domain not in STANDARD_DOMAINS})
     if odd:
         raise RuntimeError(f"exported graph uses non-standard op domains {odd}; TensorRT cannot parse them")
-    onnx.save_model(proto, str(path))
+    return proto
 
 
 @contextlib.contextmanager
 def _quiet_exporter():
     """The exporters' chatter is not actionable for users of this contract (axis-name sharing,
     torchvision op registration, TorchScript deprecation); real failures still raise."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export")]
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnx_ir", "onnxscript")]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         for cat in (UserWarning, FutureWarning, DeprecationWarning, torch.jit.TracerWarning):
@@ -215,6 +219,7 @@ def optimize_for_ort(onnx_path: str | os.PathLike, out_path: str | os.PathLike, 
         so = ort.SessionOptions()
         so.graph_optimization_level = levels[name]
         so.optimized_model_filepath = str(out_path)
+        so.add_session_config_entry("session.disable_prepacking", "1")   # no kernel copy of the weights
         if big:
             so.add_session_config_entry("session.optimized_model_external_initializers_file_name", data.name)
             so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -233,7 +238,9 @@ def _probe_outputs(path: Path) -> list:
     import numpy as np
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()        # the same kernels on both sides; no prepacked copy of the weights
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     b, c, t, feed = 2, 2, 3, {}
     mask = np.tril(np.ones((b, t, c + t), dtype=bool), c)

@@ -155,6 +155,22 @@ def resolve_pack(name: str) -> Path:
     return path
 
 
+def source_files(ref: str | os.PathLike) -> tuple[list[Path], int]:
+    """The files a model reference reads, without assembling or hashing anything, and the bytes a
+    first use will write into the cache (a split pack not assembled yet): for checks made before
+    any work. A pack's first part holds the GGUF header."""
+    text = os.fspath(ref)
+    if text.startswith(PACK_PREFIX):
+        pack = PACKS.get(text[len(PACK_PREFIX):])
+        if pack is None:
+            return [], 0
+        parts = pack_files(pack)
+        target = cache_dir() / "models" / f"{pack.name}.gguf"
+        return parts, 0 if len(parts) == 1 or target.exists() else sum(p.stat().st_size for p in parts)
+    path = Path(text).expanduser()
+    return ([path] if path.is_file() else sorted(path.glob("*.safetensors"))), 0
+
+
 def resolve_model(ref: str | os.PathLike) -> Path:
     """`pack:NAME` -> the pack's verified GGUF; anything else -> that existing filesystem path."""
     text = os.fspath(ref)

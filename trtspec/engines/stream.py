@@ -1,0 +1,284 @@
+"""A step graph built without the model in memory: the graph from a weightless Decoder, the
+weights written into it one tensor at a time.
+
+    graph, refs = export_graph(spec, dtype, exact)      # torch.export over fake weights (no memory)
+    record = write_graph(graph, refs, weights, path, quantize=..., accuracy_level=...)
+
+`export_graph` exports a Decoder whose parameters are FakeTensors (shapes and dtypes, no storage)
+with the same exporter as `export_onnx`, then runs the exporter's own optimizer (onnxscript) over
+the graph with the weights left out. Linear layers come out as MatMul(x, Transpose(W)); each such
+Transpose of a weight becomes a placeholder initializer holding Wᵀ, as the exporter's constant
+folding makes it when the weights are real. `refs` says which weight (and whether transposed)
+each placeholder is.
+
+`write_graph` fills the placeholders in graph order, reading each weight from its source
+(`engines/weights.py`), converting it (`quantize: gguf`: the GGUF's own blocks as MatMulNBits terms,
+gguf_blocks.py; `int4`/`int8`: ONNX Runtime's MatMulNBitsQuantizer, run on that one MatMul), and
+appending its bytes to the graph's external-data file before the next is read: the build holds one
+tensor (and what it becomes) at a time, never the model.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from ..export.contract import io_names
+from ..export.model import Decoder, rope_inv_freq
+from ..export.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+INLINE_BYTES = 1024          # smaller tensors stay inside the graph file (as onnx.save's threshold)
+ALIGN = 64                   # external data offsets
+
+
+@dataclass(frozen=True)
+class Ref:
+    key: str                 # the HF-named weight
+    transposed: bool         # the placeholder holds Wᵀ (a MatMul's B)
+    shape: tuple[int, ...]   # the placeholder's shape
+    dtype: int               # TensorProto data type
+
+
+def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)                # parameters made in `dtype` (fake ones cannot be cast)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            model = Decoder(spec)
+    finally:
+        torch.set_default_dtype(default)
+    model.inv_freq = rope_inv_freq(spec)          # a real (tiny) buffer, as Decoder.from_state makes it
+    if exact:
+        model.exact_attention()
+    return model.eval().requires_grad_(False)
+
+
+def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
+                 opset: int = 18) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+    """The step graph of `spec` in `dtype` (fp64 attention when `exact`), weightless: every weight is
+    a placeholder initializer named in `refs`."""
+    import onnxscript.optimizer
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from ..export.onnx_export import _quiet_exporter, _sample_inputs, _Step, fix_interface
+
+    model = _fake_decoder(spec, dtype, exact)
+    step, args = _Step(model), _sample_inputs(model)
+    n_past, Dim = len(args) - 4, torch.export.Dim
+    batch, new, past, rows = Dim("batch"), Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
+    shapes = {"input_ids": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
+              "attn_mask": {0: batch, 1: new, 2: Dim.AUTO},
+              "logit_rows": {0: batch, 1: rows}, "past": tuple({0: batch, 1: past} for _ in range(n_past))}
+    inputs, outputs = io_names(spec.num_layers, spec.num_kv_heads)
+    with torch.no_grad(), _quiet_exporter():
+        program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+                                    input_names=inputs, output_names=outputs, verbose=False, optimize=False)
+        weights = {}
+        for name, v in program.model.graph.initializers.items():
+            if isinstance(getattr(v.const_value, "raw", None), FakeTensor):
+                weights[name] = (tuple(int(d) for d in v.shape), int(v.dtype))
+                v.const_value = None                  # the optimizer folds around it, never into it
+        onnxscript.optimizer.optimize_ir(program.model)
+        import onnx_ir as ir
+        proto = ir.serde.serialize_model(program.model)   # value-less initializers are left out
+    del program
+    return fix_interface(proto, spec, model.kv_dtype), _placeholders(proto, weights, spec)
+
+
+def _key(name: str, spec: ModelSpec) -> str:
+    key = name.removeprefix("model.")                 # _Step's attribute
+    return "model.embed_tokens.weight" if spec.tie_word_embeddings and key == "lm_head.weight" else key
+
+
+def _placeholders(proto: onnx.ModelProto, weights: dict, spec: ModelSpec) -> dict[str, Ref]:
+    """Fold Transpose(weight) into a placeholder for Wᵀ; keep the weight's own placeholder where
+    anything else reads it (the embedding's Gather)."""
+    g = proto.graph
+    used = {name: [n for n in g.node if name in n.input] for name in weights}
+    refs, drop = {}, []
+    for name, (shape, dtype) in weights.items():
+        rest = 0
+        for node in used[name]:
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+            if node.op_type == "Transpose" and len(shape) == 2 and perm in (None, [1, 0]):
+                refs[node.output[0]] = Ref(_key(name, spec), True, shape[::-1], dtype)
+                drop.append(node)
+            else:
+                rest += 1
+        if rest:
+            refs[name] = Ref(_key(name, spec), False, shape, dtype)
+    for node in drop:
+        g.node.remove(node)
+    return refs
+
+
+class DataFile:
+    """Appends tensors to a graph's external-data file and gives back references to them (or keeps
+    them inline when the whole graph is small). Bytes go from the tensor's own buffer to the file."""
+
+    def __init__(self, graph_path: Path, external: bool):
+        from ..export.onnx_export import data_file
+        self.path, self.external, self.offset = data_file(graph_path), external, 0
+        self.file = open(self.path, "wb") if external else None
+
+    def put(self, t: TensorProto) -> TensorProto:
+        if not self.external or len(t.raw_data) < INLINE_BYTES:
+            return t
+        return self._ref(t.name, t.data_type, list(t.dims), memoryview(t.raw_data))
+
+    def put_tensor(self, name: str, value: torch.Tensor, dtype: int) -> TensorProto:
+        """`value` (any dtype, bf16 included) as the initializer `name`."""
+        v = value.contiguous()
+        data = v.view(torch.uint8).numpy() if v.numel() else np.zeros(0, np.uint8)
+        if not self.external or data.nbytes < INLINE_BYTES:
+            return helper.make_tensor(name, dtype, list(v.shape), data.tobytes(), raw=True)
+        return self._ref(name, dtype, list(v.shape), memoryview(data.reshape(-1)))
+
+    def _ref(self, name: str, dtype: int, dims: list[int], data: memoryview) -> TensorProto:
+        pad = -self.offset % ALIGN
+        self.file.write(b"\0" * pad)
+        self.offset += pad
+        self.file.write(data)
+        out = TensorProto(name=name, data_type=dtype, dims=dims, data_location=TensorProto.EXTERNAL)
+        for k, v in (("location", self.path.name), ("offset", str(self.offset)), ("length", str(data.nbytes))):
+            out.external_data.add(key=k, value=v)
+        self.offset += data.nbytes
+        return out
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+
+
+def write_graph(proto: onnx.ModelProto, refs: dict[str, Ref], weights, path: Path, quantize: str = "none",
+                accuracy_level: int = 1, progress=None) -> dict:
+    """Fill `proto`'s placeholders from `weights`, one tensor at a time, and save it at `path`
+    (weights in `path`.data when large). `quantize`: gguf / int4 / int8 replace every MatMul whose B
+    is a weight (gguf: one the GGUF stores quantized). Returns {"matmuls_quantized", "matmuls_total"
+    (the MatMuls with a weight), "block_types"}. On any error nothing is left at `path`."""
+    from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES, remove_graph
+    t0 = time.perf_counter()
+    remove_graph(path)
+    size = sum(int(np.prod(r.shape)) * _itemsize(r.dtype) for r in refs.values())
+    out = DataFile(path, external=size > EXTERNAL_DATA_MIN_BYTES)
+    try:
+        counts = _fill(proto, refs, weights, out, quantize, accuracy_level, progress or (lambda: None))
+        out.close()
+        onnx.save_model(proto, str(path))
+        onnx.checker.check_model(str(path), full_check=False)
+    except BaseException:
+        out.close()
+        remove_graph(path)
+        raise
+    log.info("wrote %s (%s) in %.1fs", path, quantize, time.perf_counter() - t0)
+    return counts
+
+
+def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, quantize: str, level: int,
+          progress) -> dict:
+    g = proto.graph
+    inits = [out.put(t) for t in g.initializer]
+    matmuls = [n for n in g.node if n.op_type == "MatMul" and n.input[1] in refs and refs[n.input[1]].transposed]
+    readers: dict[str, int] = {}
+    for n in g.node:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    replaced, counts = {}, {}
+    for node in matmuls:                          # quantized forms first, one weight at a time
+        new = _replace(node, refs[node.input[1]], weights, quantize, level) if quantize != "none" else None
+        if new is None:
+            continue
+        replaced[node.name] = new[0]
+        inits += [out.put(t) for t in new[1]]
+        counts[new[2]] = counts.get(new[2], 0) + 1
+        readers[node.input[1]] -= 1
+        release_memory()
+        progress()
+    for name, ref in refs.items():                # then the weights read as they are, in graph order
+        if readers.get(name, 0):
+            w = weights.get(ref.key, _TORCH[ref.dtype])
+            inits.append(out.put_tensor(name, w.T if ref.transposed else w, ref.dtype))
+            del w
+            release_memory()
+            progress()
+        elif not any(name == n.input[1] for n in matmuls if n.name in replaced):
+            progress()                            # a placeholder nothing reads
+    nodes = [new for node in g.node for new in replaced.get(node.name, [node])]
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    if counts and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return {"matmuls_quantized": sum(counts.values()), "matmuls_total": len(matmuls), "block_types": counts}
+
+
+def _replace(node, ref: Ref, weights, quantize: str, level: int):
+    """(nodes, initializers, kind) computing node's MatMul from a quantized form of its weight, or
+    None to keep it. A LM head tied to the embedding stays dense, as it did when the graph read it
+    through a Transpose of the embedding (the embedding's Gather reads the same weight)."""
+    if ref.key == "model.embed_tokens.weight":
+        return None
+    if quantize == "gguf":
+        from .gguf_blocks import matmul_nodes
+        found = weights.blocks(ref.key)
+        if found is None:
+            return None
+        tname, bl = found
+        nodes, inits = matmul_nodes(f"{tname}/{node.name}", node.input[0], node.output[0], bl, level)
+        return nodes, inits, weights.qtype_name(ref.key)
+    from .quantize import quantize_matmul
+    w = weights.get(ref.key, torch.float32).T
+    new = quantize_matmul(node, w.numpy(), int(quantize[3:]), level)
+    return None if new is None else (*new, quantize)
+
+
+_TORCH = {TensorProto.FLOAT: torch.float32, TensorProto.FLOAT16: torch.float16,
+          TensorProto.BFLOAT16: torch.bfloat16, TensorProto.DOUBLE: torch.float64}
+
+
+def _itemsize(dtype: int) -> int:
+    return _TORCH[dtype].itemsize if dtype in _TORCH else 8
+
+
+def release_memory(collect: bool = False) -> None:
+    """Give freed memory back to the system between a build's tensors and stages: glibc keeps the
+    freed heap pages of large arrays, which would add to the next tensor's resident peak."""
+    import ctypes
+    import gc
+    if collect:
+        gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                                    # not glibc: nothing to trim
+
+
+def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int) -> tuple[bytes, dict[str, Ref]]:
+    """export_graph as a worker process returns it (the weightless graph is a few MB): the build
+    exports a draft's graph in another process while it writes the target's."""
+    from ..export.spec import DTYPES
+    graph, refs = export_graph(ModelSpec.from_dict(spec), DTYPES[dtype], exact, opset)
+    return graph.SerializeToString(), refs
+
+
+def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, opset: int = 18,
+                quantize: str = "none", accuracy_level: int = 1, desc: str | None = None,
+                exported: tuple[bytes, dict[str, Ref]] | None = None) -> dict:
+    """export_graph + write_graph: `weights` (engines/weights.py) as a step graph at `path`, with a
+    progress bar per tensor when `desc` is given; `exported`: export_graph_bytes' answer for it."""
+    from tqdm import tqdm
+    if exported is None:
+        graph, refs = export_graph(weights.spec, dtype, exact, opset)
+    else:
+        graph, refs = onnx.ModelProto.FromString(exported[0]), exported[1]
+    with tqdm(total=len(refs), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:
+        return write_graph(graph, refs, weights, Path(path), quantize, accuracy_level, bar.update)
