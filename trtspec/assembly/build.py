@@ -39,13 +39,13 @@ from tqdm import tqdm
 
 from ..engines.manifest import EngineError, verify, write_manifest
 from ..engines.quantize import activations, exact_attention
+from ..engines.stream import release_memory
 from ..errors import Terminated
 from ..export.contract import io_spec
 from ..export.spec import DTYPES
 from ..options import MAX_STEP_TOKENS
 from .backends import BACKENDS
 from .config import Config, ModelEntry
-from ..engines.stream import release_memory
 from .sources import load_tokenizer_for, open_source
 
 PREFILL_CHUNK = MAX_STEP_TOKENS     # prefill chunk size (the runtime's; recorded in the manifest)

@@ -17,6 +17,7 @@ measured (docs/benchmarks.md, "Building in a few GB"), with headroom.
 """
 from __future__ import annotations
 
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +66,7 @@ class BuildNeed:
 
 
 def _written(shape: tuple[int, ...], kind: str, mode: str, level: int, itemsize: int, matmul: bool) -> float:
-    n = 1
-    for d in shape:
-        n *= d
+    n = math.prod(shape)
     if not matmul or mode == "none" or len(shape) != 2:
         return n * itemsize
     if mode == "gguf":
@@ -80,22 +79,19 @@ def _written(shape: tuple[int, ...], kind: str, mode: str, level: int, itemsize:
 
 def role_need(role: str, entry, onnx: bool) -> RoleNeed:
     from ..engines.quantize import ACCURACY_LEVEL, activations
+    from ..engines.weights import describe, in_first_layers
     from ..export.packs import source_files
-    from ..engines.weights import describe
 
     if entry.model.startswith("tiny:"):
         return RoleNeed(role)                  # a few MB, made in memory
     spec, table = describe(entry.model)
     if entry.layers:
-        table = {k: v for k, v in table.items() if not (k.startswith("model.layers.") and
-                                                        int(k.split(".")[2]) >= entry.layers)}
+        table = {k: v for k, v in table.items() if in_first_layers(k, entry.layers)}
     itemsize = entry.torch_dtype.itemsize
     level = ACCURACY_LEVEL[activations(role, entry)]
     need = RoleNeed(role, assemble=source_files(entry.model)[1])
     for name, (shape, kind) in table.items():
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         need.largest = max(need.largest, 4 * n)
         need.weights += n * itemsize
         matmul = name != "model.embed_tokens.weight" and len(shape) == 2

@@ -50,8 +50,8 @@ def truncate_layers(spec: ModelSpec, state: dict, n: int) -> tuple[ModelSpec, di
     shares the target's tokenizer by construction (LayerSkip-style drafting, without training)."""
     if n >= spec.num_layers:
         raise ConfigError(f"layers: {n} must be below the model's {spec.num_layers} layers")
-    keep = {k: v for k, v in state.items()
-            if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n)}
+    from ..engines.weights import in_first_layers
+    keep = {k: v for k, v in state.items() if in_first_layers(k, n)}
     return ModelSpec.from_dict({**spec.to_dict(), "num_layers": n}), keep
 
 

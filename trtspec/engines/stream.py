@@ -102,7 +102,11 @@ def _placeholders(proto: onnx.ModelProto, weights: dict, spec: ModelSpec) -> dic
     """Fold Transpose(weight) into a placeholder for Wᵀ; keep the weight's own placeholder where
     anything else reads it (the embedding's Gather)."""
     g = proto.graph
-    used = {name: [n for n in g.node if name in n.input] for name in weights}
+    used: dict[str, list] = {name: [] for name in weights}
+    for n in g.node:                              # one pass over the graph, not one per weight
+        for i in dict.fromkeys(n.input):
+            if i in used:
+                used[i].append(n)
     refs, drop = {}, []
     for name, (shape, dtype) in weights.items():
         rest = 0

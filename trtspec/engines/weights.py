@@ -36,10 +36,6 @@ class Weights:
     def qtype_name(self, name: str) -> str:
         return "dense"
 
-    def nbytes(self, dtype: torch.dtype) -> int:
-        """Bytes of every weight in `dtype` (the tied LM head counted once)."""
-        return sum(int(np.prod(s)) for s in self.shapes.values()) * dtype.itemsize
-
     def layers(self, n: int) -> "Weights":
         """The first n layers with the model's own norm and head (`layers:` in a config)."""
         if n >= self.spec.num_layers:
@@ -150,8 +146,7 @@ class SafetensorsWeights(Weights):
 class _Truncated(Weights):
     def __init__(self, base: Weights, n: int):
         self.base, self.spec = base, ModelSpec.from_dict({**base.spec.to_dict(), "num_layers": n})
-        self.shapes = {k: s for k, s in base.shapes.items()
-                       if not (k.startswith("model.layers.") and int(k.split(".")[2]) >= n)}
+        self.shapes = {k: s for k, s in base.shapes.items() if in_first_layers(k, n)}
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self.base.get(name, dtype)
@@ -161,6 +156,11 @@ class _Truncated(Weights):
 
     def qtype_name(self, name: str) -> str:
         return self.base.qtype_name(name)
+
+
+def in_first_layers(key: str, n: int) -> bool:
+    """Whether an HF-named weight belongs to a model cut to its first n layers (`layers:`)."""
+    return not (key.startswith("model.layers.") and int(key.split(".")[2]) >= n)
 
 
 def _tied(spec: ModelSpec, key: str) -> bool:
