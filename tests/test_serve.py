@@ -628,7 +628,7 @@ def test_schema_is_true_to_the_server(server, tmp_path):
     schema cannot say (prompt tokens + max_tokens over the KV capacity, stream_options without stream)."""
     proc = subprocess.run([str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.base}/openapi.json",
                            "--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-examples", "15",
-                           "--seed", "1", "--workers", "1", "--request-timeout", "30", "--no-color"],
+                           "--seed", "1", "--workers", "1", "--request-timeout", "120", "--no-color"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)   # its cache goes there
     summary = proc.stdout[proc.stdout.find("SUMMARY"):]
     assert proc.returncode == 0, proc.stdout[-6000:]

@@ -73,3 +73,29 @@ def test_an_onnx_build_never_loads_the_whole_model(tiny_gguf, tmp_path, monkeypa
     rec = build_graph(weights, tmp_path / "q.onnx", torch.float32, exact=True, quantize="gguf", accuracy_level=4)
     assert rec["matmuls_quantized"] == 15
     assert all(gguf_blocks.probe(tmp_path / "q.onnx", tiny_gguf).values())
+
+
+def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeypatch):
+    """A second export of the same spec comes from $TRTSPEC_CACHE/graphs; another spec, dtype or
+    attention is another entry; an unreadable entry is exported again, never an error."""
+    from trtspec.engines import stream
+    monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_export(spec, dtype, exact, opset):
+        calls.append((spec.num_layers, dtype, exact))
+        x = helper.make_tensor_value_info("x", 1, [1])
+        return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
+                                                   [helper.make_tensor_value_info("y", 1, [1])])), \
+            {"w": stream.Ref("model.embed_tokens.weight", False, (4, 2), 1)}
+    monkeypatch.setattr(stream, "_export_graph", fake_export)
+    spec = tiny_spec(arch="llama")
+    first = export_graph(spec, torch.float32)
+    assert export_graph(spec, torch.float32) == first and len(calls) == 1
+    export_graph(spec, torch.float32, exact=True)
+    export_graph(tiny_spec(arch="llama", num_layers=3), torch.float32)
+    assert len(calls) == 3
+    for e in (tmp_path / "graphs").glob("*.onnx"):
+        e.write_bytes(b"not a graph")
+    assert export_graph(spec, torch.float32) == first and len(calls) == 4
+    assert not list((tmp_path / "graphs").glob("*partial*"))

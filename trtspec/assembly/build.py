@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -69,7 +70,7 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
         from .build_need import check_build
         check_build(cfg, output, BACKENDS[backend].onnx)     # memory and disk, before any work
     output.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(output, log), interrupts():
+    with build_lock(output, log), interrupts() as signals:
         if reuse and intact(output):
             log(f"another build finished {output} meanwhile; using it")
             return output
@@ -80,6 +81,7 @@ def build_engines(cfg: Config, output: str | Path, backend: str | None = None, f
         tmp.mkdir()
         try:
             manifest = _build(cfg, tmp, backend, log)
+            signals.check()                      # one a library swallowed ends the build here
             write_manifest(tmp, manifest)
             old = output.with_name(f"{output.name}.old-{os.getpid()}")
             if output.exists():
@@ -150,18 +152,29 @@ class interrupts:
     """While building, SIGTERM raises `Terminated` (its default kills the process without unwinding,
     which would leave the partial folder) and SIGINT raises KeyboardInterrupt, so the cleanup above
     runs. Both are remembered: an exception a signal caused inside a library (an import it cut
-    short turns into ImportError) still ends the build as that signal, not as a traceback."""
+    short turns into ImportError) still ends the build as that signal, not as a traceback, and one
+    raised where Python drops it (a weakref callback, a __del__: "Exception ignored in") ends it at
+    `check()` or on the way out."""
 
     def __enter__(self):
-        self.received, self.previous = None, {}
+        self.received, self.previous, self.unraisable = None, {}, None
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self.previous[sig] = signal.signal(sig, self._handler)
+            self.unraisable, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
+
+    def _unraisable(self, info) -> None:
+        if self.received is None or not isinstance(info.exc_value, (KeyboardInterrupt, Terminated)):
+            self.unraisable(info)                    # ours is remembered and raised at check(), not printed
 
     def _handler(self, signum, frame):
         self.received = signum
         raise self._error()
+
+    def check(self) -> None:
+        if self.received is not None:
+            raise self._error()
 
     def _error(self) -> BaseException:
         return KeyboardInterrupt() if self.received == signal.SIGINT else Terminated(f"signal {self.received}")
@@ -169,7 +182,9 @@ class interrupts:
     def __exit__(self, typ, exc, tb) -> bool:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
-        if self.received is not None and exc is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
+        if self.unraisable is not None:
+            sys.unraisablehook = self.unraisable
+        if self.received is not None and not isinstance(exc, (KeyboardInterrupt, Terminated)):
             raise self._error() from None
         return False
 

@@ -9,7 +9,9 @@ with the same exporter as `export_onnx`, then runs the exporter's own optimizer 
 the graph with the weights left out. Linear layers come out as MatMul(x, Transpose(W)); each such
 Transpose of a weight becomes a placeholder initializer holding Wᵀ, as the exporter's constant
 folding makes it when the weights are real. `refs` says which weight (and whether transposed)
-each placeholder is.
+each placeholder is. The weightless graph depends only on the spec, dtype, attention and the
+exporting code, so it is kept under `$TRTSPEC_CACHE/graphs/` (a few MB; the export takes minutes on
+a small CPU): rebuilding a model, or building it quantized another way, exports it once.
 
 `write_graph` fills the placeholders in graph order, reading each weight from its source
 (`engines/weights.py`), converting it (`quantize: gguf`: the GGUF's own blocks as MatMulNBits terms,
@@ -19,9 +21,13 @@ tensor (and what it becomes) at a time, never the model.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +70,42 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
 def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
                  opset: int = 18) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     """The step graph of `spec` in `dtype` (fp64 attention when `exact`), weightless: every weight is
-    a placeholder initializer named in `refs`."""
+    a placeholder initializer named in `refs`; from the graph cache when it holds it."""
+    path = _cached_graph(spec, dtype, exact, opset)
+    try:
+        refs = {k: Ref(r[0], r[1], tuple(r[2]), r[3]) for k, r in json.loads(path.with_suffix(".json").read_text()).items()}
+        return onnx.load(str(path)), refs
+    except Exception:                                 # noqa: BLE001 - not cached (or unreadable): export it
+        pass
+    graph, refs = _export_graph(spec, dtype, exact, opset)
+    index = json.dumps({k: list(astuple(r)) for k, r in refs.items()}).encode()
+    for target, data in ((path, graph.SerializeToString()), (path.with_suffix(".json"), index)):
+        tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
+        try:                                          # the .json last: a graph without it is not cached
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        except OSError:
+            break                                     # a read-only cache only costs the next export
+        finally:
+            tmp.unlink(missing_ok=True)
+    return graph, refs
+
+
+def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) -> Path:
+    """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
+    import onnxscript
+
+    from ..export import model, onnx_export
+    from ..export.packs import cache_dir
+    h = hashlib.sha256(json.dumps([spec.to_dict(), str(dtype), exact, opset, torch.__version__,
+                                   onnxscript.__version__, onnx.__version__], sort_keys=True, default=str).encode())
+    for module in (model, onnx_export, sys.modules[__name__]):
+        h.update(Path(module.__file__).read_bytes())
+    return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
+
+
+def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
 
