@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sys
 import time
 from dataclasses import astuple, dataclass
@@ -36,6 +35,7 @@ import torch
 from onnx import TensorProto, helper
 
 from ..export.contract import io_names
+from ..export.packs import cache_dir, write_atomic
 from ..export.model import Decoder, rope_inv_freq
 from ..export.spec import ModelSpec
 
@@ -78,17 +78,12 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
     except Exception:                                 # noqa: BLE001 - not cached (or unreadable): export it
         pass
     graph, refs = _export_graph(spec, dtype, exact, opset)
-    index = json.dumps({k: list(astuple(r)) for k, r in refs.items()}).encode()
-    for target, data in ((path, graph.SerializeToString()), (path.with_suffix(".json"), index)):
-        tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
-        try:                                          # the .json last: a graph without it is not cached
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
-        except OSError:
-            break                                     # a read-only cache only costs the next export
-        finally:
-            tmp.unlink(missing_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, graph.SerializeToString())
+        write_atomic(path.with_suffix(".json"), json.dumps({k: astuple(r) for k, r in refs.items()}))  # last
+    except OSError:
+        pass                                          # a read-only cache only costs the next export
     return graph, refs
 
 
@@ -96,11 +91,10 @@ def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) 
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
     import onnxscript
 
-    from ..export import model, onnx_export
-    from ..export.packs import cache_dir
+    from ..export import contract, model, onnx_export
     h = hashlib.sha256(json.dumps([spec.to_dict(), str(dtype), exact, opset, torch.__version__,
                                    onnxscript.__version__, onnx.__version__], sort_keys=True, default=str).encode())
-    for module in (model, onnx_export, sys.modules[__name__]):
+    for module in (contract, model, onnx_export, sys.modules[__name__]):
         h.update(Path(module.__file__).read_bytes())
     return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
 

@@ -105,11 +105,16 @@ def _verified(path: Path, sidecar: Path, sha: str) -> bool:
         return False
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """`path` holds `data` whole or is left as it was: written beside it, then renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _assemble(pack: Pack, parts: list[Path], target: Path) -> None:
@@ -151,7 +156,7 @@ def resolve_pack(name: str) -> Path:
     else:
         _assemble(pack, parts, path)
     models.mkdir(parents=True, exist_ok=True)
-    _write_atomic(sidecar, json.dumps({**_stamp(path), "sha256": pack.sha256}))
+    write_atomic(sidecar, json.dumps({**_stamp(path), "sha256": pack.sha256}))
     return path
 
 
