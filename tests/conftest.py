@@ -33,6 +33,16 @@ from trtspec.export.tiny import tiny_pair, tiny_spec  # noqa: E402
 from trtspec.runtime.costs import CostModel, CostTable  # noqa: E402
 from trtspec.runtime.generator import Generator  # noqa: E402
 
+# `make test` runs the files on 2 pytest-xdist workers, each file whole on one (--dist loadfile):
+# the longest files are handed out first, so no worker is left running one alone at the end.
+FIRST = ("test_smollm2.py", "test_structured_smollm2.py", "test_serve_ray.py", "test_serve.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))     # stable: files stay whole
+
+
 # Small vocabulary pair for the statistical tests. noise=0.15 puts the draft's next-token
 # distribution at a total-variation distance of roughly 0.3-0.5 from the target's: drafts are
 # accepted and rejected often, and a wrong acceptance rule produces a large, detectable bias.

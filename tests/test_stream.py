@@ -99,3 +99,24 @@ def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeyp
         e.write_bytes(b"not a graph")
     assert export_graph(spec, torch.float32) == first and len(calls) == 4
     assert not list((tmp_path / "graphs").glob("*.tmp"))        # nothing half-written left
+
+
+def test_the_export_worker_answers_the_in_place_export_and_fails_softly(tmp_path, monkeypatch):
+    """The build's draft export runs as `python -m trtspec.engines.export_worker` (a plain process:
+    never a re-run of the caller's main script): its answer is the in-place export's graph and refs;
+    a worker that fails answers None with its last line, and the build exports in place."""
+    from trtspec.engines.export_worker import ExportJob
+    from trtspec.engines.stream import export_graph_bytes
+    monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path))
+    spec = tiny_spec(arch="qwen2").to_dict()
+    job = ExportJob(spec, "fp32", False, 18)
+    try:
+        got = job.get()
+    finally:
+        job.close()
+    assert got is not None and got == export_graph_bytes(spec, "fp32", False, 18)    # the second: cached
+    bad = ExportJob(spec, "fp7", False, 18)
+    try:
+        assert bad.get() is None and "KeyError" in bad.error()
+    finally:
+        bad.close()

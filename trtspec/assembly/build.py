@@ -202,7 +202,7 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
     models = {}
     stop_ids: set[int] = set()
-    with _ahead(cfg, roles, want_onnx) as ahead:
+    with _ahead(cfg, roles, want_onnx, log) as ahead:
         for role, entry in roles:
             models[role], stop_ids = _build_role(cfg, out, backend, role, entry, tok, want_onnx, ahead, stop_ids)
     return {
@@ -216,25 +216,37 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
 
 @contextmanager
-def _ahead(cfg: Config, roles, want_onnx: bool):
+def _ahead(cfg: Config, roles, want_onnx: bool, log):
     """The draft's weightless graph exported in a worker process while this one builds the target
-    (the exporter's optimizer is single-threaded Python: minutes for a real model); {(role, dtype):
-    AsyncResult}. Tiny models are exported in place (a process would cost more than it saves)."""
+    (the exporter is single-threaded Python: minutes for a real model); {(role, dtype): a handle
+    whose get() is the graph, or None to export in place}. Tiny models are exported in place (a
+    process would cost more than it saves)."""
     later = [(role, entry) for role, entry in roles[1:] if not entry.model.startswith("tiny:")]
     if not (want_onnx and later):
         yield {}
         return
-    import multiprocessing
-
-    from ..engines.stream import export_graph_bytes
-    pool = multiprocessing.get_context("spawn").Pool(1)
+    from ..engines.export_worker import ExportJob
+    jobs = {}
     try:
-        yield {(role, dt): pool.apply_async(export_graph_bytes, (open_source(entry, role).spec.to_dict(), dt,
-                                                                 exact_attention(role, entry), cfg.build.opset))
-               for role, entry in later for dt in cfg.build.onnx_dtypes}
+        for role, entry in later:
+            for dt in cfg.build.onnx_dtypes:
+                jobs[(role, dt)] = ExportJob(open_source(entry, role).spec.to_dict(), dt,
+                                             exact_attention(role, entry), cfg.build.opset)
+        yield {key: _Answer(job, key, log) for key, job in jobs.items()}
     finally:
-        pool.terminate()
-        pool.join()
+        for job in jobs.values():
+            job.close()
+
+
+class _Answer:
+    def __init__(self, job, key, log):
+        self.job, self.key, self.log = job, key, log
+
+    def get(self):
+        got = self.job.get()
+        if got is None:
+            self.log(f"{self.key[0]}: the export worker failed ({self.job.error()}); exporting here instead")
+        return got
 
 
 def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEntry, tok, want_onnx: bool,

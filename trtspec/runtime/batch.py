@@ -87,6 +87,10 @@ class Batcher:
         self.cache_buckets = sorted((buckets or {}).get("cache") or [])
         # An engine built for at most N rows per step (a TensorRT plan's profile) caps the batch.
         self.max_batch = min(max_batch, getattr(engine, "max_batch", max_batch))
+        # An engine whose exactness needs one shape per token bucket (a GPU target: the LM head's
+        # GEMM takes another kernel for one row than for sixteen) gets every padded call's logit
+        # rows padded to the bucket too, a one-row call included.
+        self.fixed_rows = getattr(engine, "fixed_rows", False)
         self.max_batch_tokens = max_batch_tokens
         self.forwards = 0
         self.rows = 0                               # batch rows over all forwards (mean batch size)
@@ -141,7 +145,7 @@ class Batcher:
         else:
             past = c_real
         r = max(c.r for c in calls)
-        if r > 1 and t > t_real:
+        if t > t_real and (r > 1 or self.fixed_rows):
             r = t                                   # logit rows are static per token bucket
         exact = b == 1 and t == t_real and past == c_real
         ids = self._ids[: b * t].view(b, t)

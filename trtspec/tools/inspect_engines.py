@@ -13,6 +13,7 @@ TensorRT vs ONNX Runtime (not exercised in CI: neither can be installed there).
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -126,13 +127,19 @@ def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, 
             f"{differ} of {nodes} nodes' logits differ from one token per forward — {verdict}"]
 
 
+TREE_ROOM = 24       # rows a sweep's cache holds beyond its longest cached length (a tree, and margin)
+
+
 def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 0,
-                      progress: str | None = None) -> tuple[int, int, float]:
+                      progress: str | None = None, buckets: dict | None = None,
+                      until: float | None = None) -> tuple[int, int, float]:
     """Exactness at scale: `trees` random trees (2-16 nodes) at random cached lengths (16 to
     `longest`), each node's logits against the same path fed one token per forward, compared bit
     for bit; returns (nodes that differ, nodes, largest |Δlogit|). One long random prompt is
     prefilled once; trees run from the longest cached length down, so a tree's rows never overwrite
-    a later tree's prefix, and paths are replayed depth first, one forward per node."""
+    a later tree's prefix, and paths are replayed depth first, one forward per node. `buckets`: the
+    Batcher's (padded step shapes; a cache bucket covers `longest + TREE_ROOM`). `until`: a
+    time.monotonic() deadline after which no further tree is started (the counts cover those run)."""
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(seed)
@@ -143,11 +150,13 @@ def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 
         plan.append((int(torch.randint(16, longest + 1, (1,), generator=gen)),
                      TokenTree(torch.randint(0, vocab, (n,), generator=gen), parents)))
     plan.sort(key=lambda p: -p[0])
-    runner = ModelRunner.alone(engine, capacity=longest + 24)
+    runner = ModelRunner.alone(engine, capacity=longest + TREE_ROOM, buckets=buckets)
     drive(runner.prefill(torch.randint(0, vocab, (longest,), generator=gen).tolist()))
     differ = nodes = 0
     worst = 0.0
     for length, tree in tqdm(plan, desc=progress, unit="tree", disable=progress is None):
+        if until is not None and time.monotonic() > until:
+            break
         runner.cache.rewind(length, 0)
         tree_logits = drive(runner.verify(tree)).float().clone()
         for node, row in _one_token_rows(runner, tree, length):

@@ -1,0 +1,86 @@
+"""The GPU device check (trtspec/tools/device_check) in its tiny CPU mode, so it never rots: every
+section runs and reports, and what it measures on CPU holds: fixed step shapes with fp64 attention
+give a tree row exactly the logits of the same path fed one token per forward (plain shapes do
+not), every strategy equals `ar` alone and batched, graph-bucket runs equal eager ones, sampled
+`staged` passes its chi-square, and forced acceptance keeps every output equal to `ar`'s."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from trtspec.tools.device_check.__main__ import main
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("device_check")
+    res = CliRunner().invoke(main, ["--out", str(out), "--tiny", "--device", "cpu", "--budget-s", "600"])
+    assert res.exit_code == 0, res.output
+    return json.loads((out / "device_check.json").read_text()), (out / "device_check.md").read_text(), out
+
+
+def test_every_section_ran_and_is_reported(report):
+    res, md, out = report
+    assert list(res["sections"]) == ["machine", "exact", "costs", "e2e"]
+    assert all("result" in s for s in res["sections"].values()), res["sections"]
+    for head in ("## machine", "## exact", "## costs", "## e2e", "Goals (target, B = 1)"):
+        assert head in md
+    m = res["sections"]["machine"]["result"]
+    assert m["copy_gb_per_s"] > 0 and m["matmul_tflop_per_s"] > 0
+    rows = res["sections"]["costs"]["result"]["rows"]
+    assert len(rows) == 2 * 2 * 2 * 3 and all(r["eager_ms"] > 0 for r in rows)
+    from trtspec.tools.bench import read_costs
+    plan = read_costs(str(out / "device_costs.json"))         # what `bench --plan-costs` plans with
+    assert plan.target.tokens == [1, 2, 4] and plan.target.cached == [16, 64] and set(plan.rows["target"]) == {2}
+
+
+def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(report):
+    archs = report[0]["sections"]["exact"]["result"]["archs"]
+    assert set(archs) == {"llama", "qwen2"}
+    for runs in archs.values():
+        for name in ("fixed-fp64", "fixed-fp64+graphs"):
+            assert runs[name]["trees"]["differ"] == 0 and runs[name]["trees"]["nodes"] > 50, runs[name]["trees"]
+        assert runs["plain"]["trees"]["differ"] > 0          # the check can fail: shapes as they come differ
+        for name, r in runs.items():
+            if name == "model":
+                continue
+            assert r["strategies"]["differ"] == [] and r["strategies"]["checked"] == 7, (name, r["strategies"])
+            assert r["batch"] == {"1": 0, "2": 0, "4": 0, "8": 0}, (name, r["batch"])
+            if name.endswith("+graphs"):
+                assert r["graphs_equal_eager"] is True
+    chi = report[0]["sections"]["exact"]["result"]["chi_square"]
+    assert chi["passes"] and chi["samples"] == 150
+
+
+def test_forced_acceptance_keeps_every_output_equal_to_ar(report):
+    runs = report[0]["sections"]["e2e"]["result"]["runs"]
+    assert len(runs) == 2 * (1 + 2 * 3)
+    assert all(r["equal_to_ar"] for r in runs), [r for r in runs if not r["equal_to_ar"]]
+    for setting in ("plain", "fixed"):
+        per_step = {(r["strategy"], r["rate"]): r["tokens_per_step"] for r in runs if r["setting"] == setting}
+        assert per_step[("chain:k=4", 0.0)] > 3 and per_step[("staged:budget=15", 0.0)] > 3   # all accepted
+        for s in ("chain:k=4", "staged:budget=15"):
+            assert per_step[(s, 0.5)] < per_step[(s, 0.0)]         # corrupted rows are rejected
+
+
+def test_the_full_check_without_a_gpu_is_refused_in_one_line(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    res = CliRunner().invoke(main, ["--out", str(tmp_path / "dc")])
+    assert res.exit_code == 1 and "no CUDA device here" in res.output and "--tiny" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "dc").exists()
+    bad = CliRunner().invoke(main, ["--out", str(tmp_path / "dc"), "--tiny", "--sections", "machine,gpu"])
+    assert bad.exit_code == 2 and "unknown section 'gpu'" in bad.output
+
+
+def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch):
+    from trtspec.tools.device_check import machine
+    monkeypatch.setattr(machine, "ceilings", lambda *a: 1 / 0)
+    res = CliRunner().invoke(main, ["--out", str(tmp_path), "--tiny", "--device", "cpu", "--sections", "machine,costs"])
+    assert res.exit_code == 1 and "machine FAILED: ZeroDivisionError" in res.output
+    data = json.loads((tmp_path / "device_check.json").read_text())
+    assert "error" in data["sections"]["machine"] and "result" in data["sections"]["costs"]
+    assert "FAILED: ZeroDivisionError" in (tmp_path / "device_check.md").read_text()

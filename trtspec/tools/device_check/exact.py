@@ -1,0 +1,168 @@
+"""Exactness on the device, per setting (settings.py): random-weight target/draft pairs of two
+architectures, and for each setting, eager and as CUDA graphs:
+
+- `trees`: random trees at random cached lengths, every node's logits against the same path fed
+  one token per forward, bit for bit (inspect_engines.count_differences);
+- `strategies`: every strategy's greedy output against `ar` under the same setting;
+- `batch`: B in 1, 2, 4, 8 requests of mixed strategies at once, each against its own `ar`;
+- `graphs_equal_eager`: the CUDA-graph run's tokens against the eager run's, strategy by strategy;
+- `chi_square`: the first token of sampled `staged` against the target's own distribution.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ...options import MAX_STEP_TOKENS
+from ...export.tiny import tiny_pair, tiny_spec
+from ...runtime.generator import Generator
+from ...runtime.runner import ModelRunner, drive
+from ...runtime.sampling import SamplingParams
+from ..inspect_engines import TREE_ROOM, count_differences
+from . import settings as S
+
+ARCHS = ("llama", "qwen2")
+RUNS = 2 * len(S.SETTINGS) - 1           # eager per setting, and graphs for the bucketed ones
+STRATEGIES = ("chain:k=4", "ngram", "staged:budget=15", "dyspec:budget=15", "gsd:budget=15",
+              "cascade:k_draft=4", "suffix:budget=15")
+
+
+def sizes(tiny: bool) -> dict:
+    if tiny:
+        return dict(spec=dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2),
+                    trees=12, longest=64, tokens=8, samples=150, prompts=(5, 17))
+    return dict(spec=dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2),
+                trees=1000, longest=4096, tokens=48, samples=2000, prompts=(7, 200, 1500))
+
+
+def pair(arch: str, tiny: bool, device: str):
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    target, draft = tiny_pair(tiny_spec(arch, **sizes(tiny)["spec"]), seed=ARCHS.index(arch), dtype=dtype)
+    return target.to(device), draft.to(device)
+
+
+def prompts(vocab: int, lengths) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def exact(device: str, tiny: bool, deadline: float, trees: int | None = None) -> dict:
+    z = sizes(tiny)
+    out: dict = {"settings": list(S.SETTINGS), "token_bucket": S.TOKENS, "archs": {}}
+    done = 0
+    for arch in ARCHS:
+        target, draft = pair(arch, tiny, device)
+        vocab = target.spec.vocab_size
+        ps = prompts(vocab, z["prompts"])
+        capacity = max(z["longest"] + TREE_ROOM, max(z["prompts"]) + z["tokens"] + MAX_STEP_TOKENS)
+        runs = out["archs"][arch] = {"model": {**z["spec"], "dtype": str(target.lm_head.weight.dtype)[6:]}}
+        for setting in S.SETTINGS:
+            for graphs in (False, True):
+                if setting == "plain" and graphs:
+                    continue                       # graphs need fixed shapes: they are a bucketed setting
+                name = setting + ("+graphs" if graphs else "")
+                if time.monotonic() > deadline:
+                    runs[name] = {"skipped": "out of time"}
+                    continue
+                t0 = time.monotonic()
+                with S.matmul_flags(setting):
+                    eng = S.engine(target, setting, device, graphs)
+                    try:
+                        runs[name] = check(eng, draft, device, setting, ps, capacity, z, trees, deadline,
+                                           runs_left=len(ARCHS) * RUNS - done)
+                    finally:
+                        eng.close()
+                done += 1
+                eager = runs.get(setting, {}).get("outputs")
+                if graphs and eager and "outputs" in runs[name]:
+                    runs[name]["graphs_equal_eager"] = runs[name]["outputs"] == eager
+                runs[name]["seconds"] = round(time.monotonic() - t0, 1)
+        for r in runs.values():
+            r.pop("outputs", None)                 # compared above; the report keeps verdicts only
+        del target, draft
+    if time.monotonic() < deadline:
+        out["chi_square"] = chi_square(device, tiny, z)
+    return out
+
+
+def check(eng, draft, device, setting, ps, capacity, z, trees, deadline, runs_left: int) -> dict:
+    from ...engines.torch_engine import TorchEngine
+    buckets = S.buckets(setting, capacity)
+    n = trees if trees is not None else z["trees"]
+    res: dict = {}
+    longest = z["longest"]
+    # The trees get at most half of what is left of the section per setting run, the rest the other checks.
+    until = time.monotonic() + (deadline - time.monotonic()) / (2 * runs_left)
+    differ, nodes, worst = count_differences(eng, eng.spec.vocab_size, n, longest, seed=1,
+                                             buckets=S.buckets(setting, longest + TREE_ROOM), until=until)
+    res["trees"] = {"planned": n, "nodes": nodes, "differ": differ, "max_abs_diff": worst, "longest": longest}
+    gen = Generator(eng, TorchEngine(draft, device), capacity=capacity, buckets=buckets, slots=8)
+    try:
+        refs = [gen.generate(p, strategy="ar", max_new_tokens=z["tokens"]).token_ids for p in ps]
+        outputs = {"ar": refs}
+        wrong = []
+        for s in STRATEGIES:
+            if time.monotonic() > deadline:
+                res["strategies_skipped"] = "out of time"
+                break
+            got = outputs[s] = [gen.generate(p, strategy=s, max_new_tokens=z["tokens"]).token_ids for p in ps]
+            wrong += [f"{s} on prompt {i}" for i, (a, b) in enumerate(zip(got, refs)) if a != b]
+        res["strategies"] = {"checked": len(outputs) - 1, "prompts": len(ps), "differ": wrong}
+        res["batch"] = {}
+        for b in (1, 2, 4, 8):
+            jobs = [(i % len(ps), (("ar",) + STRATEGIES)[i % (len(STRATEGIES) + 1)]) for i in range(b)]
+            handles = [gen.submit(ps[i], strategy=s, max_new_tokens=z["tokens"]) for i, s in jobs]
+            res["batch"][b] = sum(h.result(timeout=600).token_ids != refs[i] for (i, _), h in zip(jobs, handles))
+        res["outputs"] = outputs
+    finally:
+        gen.close()
+    return res
+
+
+def chi_square(device: str, tiny: bool, z: dict) -> dict:
+    """Sampled `staged` (temperature 1, under `fixed`): its first tokens against the target's own
+    next-token distribution after the prompt; a chi-square goodness of fit (p > 0.001 passes)."""
+    from ...engines.torch_engine import TorchEngine
+    target, draft = pair("llama", tiny, device)
+    prompt = prompts(target.spec.vocab_size, (9,))[0]
+    capacity = len(prompt) + 2 + MAX_STEP_TOKENS
+    with S.matmul_flags("fixed"):
+        eng = S.engine(target, "fixed", device)
+        runner = ModelRunner.alone(eng, capacity, S.buckets("fixed", capacity))
+        drive(runner.prefill(prompt[:-1]))
+        p = torch.softmax(drive(runner.extend([prompt[-1]]))[-1].double().cpu(), -1)   # what `ar` samples from
+        gen = Generator(eng, TorchEngine(draft, device), capacity=capacity, buckets=S.buckets("fixed", capacity),
+                        slots=8)
+        try:
+            counts = torch.zeros(target.spec.vocab_size, dtype=torch.float64)
+            handles = [gen.submit(prompt, strategy="staged:budget=15", max_new_tokens=2,
+                                  sampling=SamplingParams(temperature=1.0), seed=i) for i in range(z["samples"])]
+            for h in handles:
+                counts[h.result(timeout=600).token_ids[0]] += 1
+        finally:
+            gen.close()
+            eng.close()
+    pvalue = chisquare_p(counts, p)
+    return {"samples": z["samples"], "p_value": pvalue, "passes": pvalue > 1e-3}
+
+
+def chisquare_p(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    """Goodness of fit of `counts` to `probs`, bins with expected count under `min_expected` merged
+    into one; a count where the probability is 0 fails outright (p = 0)."""
+    counts, probs = counts.double().flatten(), probs.double().flatten()
+    probs = probs / probs.sum()
+    if counts[probs <= 1e-12].sum() > 0:
+        return 0.0
+    exp = probs * counts.sum()
+    small = exp < min_expected
+    obs_b = torch.cat([counts[~small], counts[small].sum().reshape(1)])
+    exp_b = torch.cat([exp[~small], exp[small].sum().reshape(1)])
+    keep = exp_b > 0
+    obs_b, exp_b = obs_b[keep], exp_b[keep]
+    if len(obs_b) < 2:
+        return 1.0
+    stat = float(((obs_b - exp_b) ** 2 / exp_b).sum())
+    dof = len(obs_b) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(stat / 2, dtype=torch.float64)))
