@@ -30,6 +30,7 @@ from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import verify_sampling
+from trtspec.tools.chisquare import chisquare_p  # noqa: F401 (the other tests import it from here)
 
 PASS_P = 1e-3        # a correct rule must not be rejected at this level
 REJECT_P = 1e-6      # a broken rule must be rejected at least this strongly
@@ -39,25 +40,23 @@ REJECT_P = 1e-6      # a broken rule must be rejected at least this strongly
 # Statistics helpers
 # ---------------------------------------------------------------------------------------------
 
-def chisquare_p(counts, probs, min_expected: float = 5.0) -> float:
-    """Goodness-of-fit p-value of `counts` against `probs` (same shape, any), merging every bin
-    with expected count < min_expected into one. A count in a zero-probability bin gives 0."""
-    counts = np.asarray(counts, dtype=np.float64).ravel()
-    probs = np.asarray(probs, dtype=np.float64).ravel()
-    probs = probs / probs.sum()
-    if counts[probs <= 1e-12].sum() > 0:
-        return 0.0
-    n = counts.sum()
-    exp = probs * n
-    small = exp < min_expected
-    obs_b, exp_b = list(counts[~small]), list(exp[~small])
-    if small.any() and exp[small].sum() > 0:
-        obs_b.append(counts[small].sum())
-        exp_b.append(exp[small].sum())
-    if len(obs_b) < 2:
-        return 1.0
-    exp_b = np.asarray(exp_b) * (n / np.sum(exp_b))
-    return float(stats.chisquare(np.asarray(obs_b), exp_b).pvalue)
+def test_chisquare_p_is_scipy_s():
+    """The one chi-square helper (trtspec/tools/chisquare.py, torch only) against scipy's, with the
+    same merging of small bins: counts drawn from the distribution and from a wrong one."""
+    rng = np.random.default_rng(0)
+    for k, n in ((16, 400), (200, 3000), (3, 50)):
+        probs = rng.dirichlet(np.ones(k) * 0.5)
+        for draw in (probs, np.roll(probs, 1)):
+            counts = rng.multinomial(n, draw).astype(np.float64)
+            exp = probs * n
+            small = exp < 5.0
+            obs_b, exp_b = list(counts[~small]), list(exp[~small])
+            if small.any():
+                obs_b.append(counts[small].sum())
+                exp_b.append(exp[small].sum())
+            want = float(stats.chisquare(np.asarray(obs_b), np.asarray(exp_b)).pvalue)
+            assert chisquare_p(counts, probs) == pytest.approx(want, rel=1e-9, abs=1e-300)
+    assert chisquare_p([0, 3], [1.0, 0.0]) == 0.0
 
 
 def reference_probs(logits: torch.Tensor, sp: SamplingParams) -> np.ndarray:

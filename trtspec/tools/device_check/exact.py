@@ -14,13 +14,16 @@ import time
 
 import torch
 
-from ...options import MAX_STEP_TOKENS
+from ...engines.torch_engine import TorchEngine
 from ...export.tiny import tiny_pair, tiny_spec
+from ...options import MAX_STEP_TOKENS
 from ...runtime.generator import Generator
 from ...runtime.runner import ModelRunner, drive
 from ...runtime.sampling import SamplingParams
+from ..chisquare import chisquare_p
 from ..inspect_engines import TREE_ROOM, count_differences
 from . import settings as S
+from .timing import is_cuda
 
 ARCHS = ("llama", "qwen2")
 RUNS = 2 * len(S.SETTINGS) - 1           # eager per setting, and graphs for the bucketed ones
@@ -37,7 +40,7 @@ def sizes(tiny: bool) -> dict:
 
 
 def pair(arch: str, tiny: bool, device: str):
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = torch.bfloat16 if is_cuda(device) else torch.float32
     target, draft = tiny_pair(tiny_spec(arch, **sizes(tiny)["spec"]), seed=ARCHS.index(arch), dtype=dtype)
     return target.to(device), draft.to(device)
 
@@ -87,7 +90,6 @@ def exact(device: str, tiny: bool, deadline: float, trees: int | None = None) ->
 
 
 def check(eng, draft, device, setting, ps, capacity, z, trees, deadline, runs_left: int) -> dict:
-    from ...engines.torch_engine import TorchEngine
     buckets = S.buckets(setting, capacity)
     n = trees if trees is not None else z["trees"]
     res: dict = {}
@@ -123,7 +125,6 @@ def check(eng, draft, device, setting, ps, capacity, z, trees, deadline, runs_le
 def chi_square(device: str, tiny: bool, z: dict) -> dict:
     """Sampled `staged` (temperature 1, under `fixed`): its first tokens against the target's own
     next-token distribution after the prompt; a chi-square goodness of fit (p > 0.001 passes)."""
-    from ...engines.torch_engine import TorchEngine
     target, draft = pair("llama", tiny, device)
     prompt = prompts(target.spec.vocab_size, (9,))[0]
     capacity = len(prompt) + 2 + MAX_STEP_TOKENS
@@ -145,24 +146,3 @@ def chi_square(device: str, tiny: bool, z: dict) -> dict:
             eng.close()
     pvalue = chisquare_p(counts, p)
     return {"samples": z["samples"], "p_value": pvalue, "passes": pvalue > 1e-3}
-
-
-def chisquare_p(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
-    """Goodness of fit of `counts` to `probs`, bins with expected count under `min_expected` merged
-    into one; a count where the probability is 0 fails outright (p = 0)."""
-    counts, probs = counts.double().flatten(), probs.double().flatten()
-    probs = probs / probs.sum()
-    if counts[probs <= 1e-12].sum() > 0:
-        return 0.0
-    exp = probs * counts.sum()
-    small = exp < min_expected
-    obs_b = torch.cat([counts[~small], counts[small].sum().reshape(1)])
-    exp_b = torch.cat([exp[~small], exp[small].sum().reshape(1)])
-    keep = exp_b > 0
-    obs_b, exp_b = obs_b[keep], exp_b[keep]
-    if len(obs_b) < 2:
-        return 1.0
-    stat = float(((obs_b - exp_b) ** 2 / exp_b).sum())
-    dof = len(obs_b) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))

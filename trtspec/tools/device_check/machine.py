@@ -2,6 +2,7 @@
 copy bandwidth (bytes read + written per second, a device-to-device copy) and the bf16 matmul rate."""
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 
@@ -51,5 +52,4 @@ def _driver() -> str | None:
 
 
 def _cpus() -> int:
-    import os
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -36,7 +36,3 @@ def times(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) 
 def median(fn: Callable[[], object], device: str, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times(fn, device, repeats, warmup))
 
-
-def sync(device: str) -> None:
-    if is_cuda(device):
-        torch.cuda.synchronize()
