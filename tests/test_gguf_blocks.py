@@ -91,25 +91,40 @@ def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype, level):
     if level == 4:
         alone = np.concatenate([run_nodes(nodes, inits, x[:, i:i + 1])[0] for i in range(16)])
         assert np.array_equal(alone.view(np.uint32), y.view(np.uint32))
+    # the same blocks as an embedding table: every gathered row is the file's row, bit for bit
+    nodes, inits = gguf_blocks.gather_nodes("w", "x", "y", bl)
+    ids = np.arange(n, dtype=np.int64)[None, ::-1].copy()
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [None, None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    rows = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": ids})[0]
+    assert np.array_equal(bits(rows[0]), bits(want[ids[0]]))
 
 
 def test_types_kept_dense_are_none():
     assert gguf_blocks.decode(np.zeros((2, 64), np.uint8), Q.F16, (2, 32)) is None
 
 
+MIXED = {"attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q8_0, "ffn_gate": Q.Q4_0,
+         "ffn_up": Q.Q4_1, "ffn_down": Q.Q5_0}
+Q4_K_M = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q4_K, "attn_output": Q.Q4_K, "ffn_gate": Q.Q4_K,
+          "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q4_K}
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def tiny_gguf(request, tmp_path_factory):
     """A tiny GGUF whose projections use the block types of a Q4_K_M file and of older ones (llama:
     q/k rows permuted the way llama.cpp's converter writes them)."""
+    return make_tiny_gguf(tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf", request.param, MIXED)
+
+
+def make_tiny_gguf(path, arch: str, plan: dict):
     import torch
     from test_gguf import gguf_name, llama_cpp_permute, tiny_hf, write_gguf
 
-    arch = request.param
     cfg, model = tiny_hf(arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                          num_key_value_heads=2, tie_word_embeddings=False)
     rng = np.random.default_rng(0)
-    plan = {"attn_q": Q.Q4_K, "attn_k": Q.Q5_K, "attn_v": Q.Q6_K, "attn_output": Q.Q8_0, "ffn_gate": Q.Q4_0,
-            "ffn_up": Q.Q4_1, "ffn_down": Q.Q5_0}
     tensors, raw = {}, {}
     for k, v in model.state_dict().items():
         name, a = gguf_name(k), v.numpy()
@@ -126,7 +141,6 @@ def tiny_gguf(request, tmp_path_factory):
         if qtype is not None:
             raw[name] = qtype
         tensors[name] = a
-    path = tmp_path_factory.mktemp("gguf") / f"{arch}.gguf"
     write_gguf(path, arch, cfg, tensors, raw)
     torch.manual_seed(0)
     return path
@@ -220,3 +234,65 @@ def test_a_build_refuses_blocks_that_decode_differently(tiny_gguf, tmp_path, mon
     with pytest.raises(RuntimeError, match=r"tensor \S+ \(Q6_K\) decodes differently from gguf.quants.dequantize"):
         build_graph(open_weights(tiny_gguf), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
     assert not (tmp_path / "q.onnx").exists()          # nothing half-written left behind
+
+
+@pytest.mark.parametrize("level", [1, 4])
+def test_joined_products_give_each_weight_s_columns_bit_for_bit(level):
+    """q/k/v (or gate/up) as one MatMulNBits over the joined weights, split after: each output is the
+    output of its own product bit for bit, at one row and at 16 (every column is its own dot product,
+    and the offsets' product too)."""
+    from onnx import numpy_helper
+    rng = np.random.default_rng(level)
+    k, sizes = 512, (96, 32, 32)
+    parts = [gguf_blocks.decode(random_blocks(Q.Q4_K, n, k, rng), Q.Q4_K, (n, k)) for n in sizes]
+    assert all(gguf_blocks.joinable(parts[0], p) for p in parts)
+    nodes, inits = gguf_blocks.joined_matmul_nodes([f"t{i}/mm" for i in range(3)], "x", ["y0", "y1", "y2"],
+                                                   parts, level)
+    assert sum(nd.op_type == "MatMulNBits" for nd in nodes) == 1
+    nodes.append(helper.make_node("Concat", ["y0", "y1", "y2"], ["y"], axis=-1))
+    for rows in (1, 16):
+        x = rng.standard_normal((1, rows, k)).astype(np.float32)
+        got = run_nodes(nodes, inits, x)
+        alone = np.concatenate([run_nodes(*gguf_blocks.matmul_nodes(f"t{i}", "x", "y", p, level), x)
+                                for i, p in enumerate(parts)], axis=-1)
+        assert np.array_equal(bits(got), bits(alone))
+    assert not gguf_blocks.joinable(parts[0], gguf_blocks.decode(random_blocks(Q.Q6_K, 32, k, rng), Q.Q6_K, (32, k)))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_q4_k_m_graph_joins_q_k_v_and_gate_up(arch, tmp_path):
+    """A Q4_K_M-like file: per layer q/k/v become one product and gate/up one, the probe still finds
+    every weight equal to the file's (the joined ones split back into their tensors), and the graph
+    gives the same logits bit for bit as the same weights product by product, at int8 activations."""
+    import torch
+    from test_onnx import prefill
+
+    from trtspec.engines import stream
+    from trtspec.engines.onnxruntime_engine import OrtEngine
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
+    from trtspec.export.checkpoint import load_decoder
+
+    path = make_tiny_gguf(tmp_path / f"{arch}.gguf", arch, Q4_K_M)
+    rec = build_graph(open_weights(path), tmp_path / "j.onnx", torch.float32, quantize="gguf", accuracy_level=4)
+    assert rec["matmuls_quantized"] == rec["matmuls_total"] == 2 * 7 + 1
+    assert rec["joined_products"] == 2 * 2 and rec["embedding"] == "Q4_K"
+    nodes = onnx.load(str(tmp_path / "j.onnx")).graph.node
+    assert sum(n.op_type == "MatMulNBits" for n in nodes) == 2 * 4 + 1
+    assert [n.op_type for n in nodes if "embedding" in n.output] == ["Reshape"]     # the gather's offsets added
+    res = gguf_blocks.probe(tmp_path / "j.onnx", path)
+    assert len(res) == 2 * 4 + 1 + 1 and all(res.values()), res          # the products and the embedding
+    assert any("+" in g for g in res) and any("token_embd" in g for g in res)
+    with pytest.MonkeyPatch.context() as mp:                           # the same graph, one product per weight
+        mp.setattr(stream, "_groups", lambda matmuls, *a: [[n] for n in matmuls])
+        build_graph(open_weights(path), tmp_path / "s.onnx", torch.float32, quantize="gguf", accuracy_level=4)
+    spec = load_decoder(path).spec
+    engines = [OrtEngine(tmp_path / f, spec, intra_op_threads=2) for f in ("j.onnx", "s.onnx")]
+    caches = [e.new_cache(32) for e in engines]
+    gen = torch.Generator().manual_seed(3)
+    for args in (prefill(gen, 0, 9), prefill(gen, 9, 1)):
+        a, b = (e.step(c, *args) for e, c in zip(engines, caches))
+        assert torch.equal(a, b)
+        for c in caches:
+            c.advance(args[0].shape[0])
+            c.commit(range(args[0].shape[0]))

@@ -40,3 +40,11 @@ def test_ort_profile_per_op_type(tmp_path):
     torch_folder = build_engines(load_config("tiny-random"), tmp_path / "t", log=lambda *a, **k: None)
     bad = CliRunner().invoke(main, ["--engines", str(torch_folder), "--profile", str(tmp_path / "p2")])
     assert bad.exit_code == 2 and "profiles are ONNX Runtime's; this run uses backend torch" in bad.output
+    # --against: both folders' forwards interleaved in one process, one row per folder and T
+    res = CliRunner().invoke(main, ["--engines", str(folder), "--against", str(torch_folder), "--role", "draft",
+                                    "--tokens", "1,4", "--cached", "8", "--repeats", "2"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(l) for l in res.output.splitlines() if l.startswith("{")]
+    assert [(r["engines"], r["T"]) for r in rows] == [(str(folder), 1), (str(torch_folder), 1),
+                                                      (str(folder), 4), (str(torch_folder), 4)]
+    assert all(0 < r["min_s"] <= r["median_s"] for r in rows)

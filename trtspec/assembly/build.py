@@ -287,7 +287,7 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
             info["artifacts"]["weights"] = f"{role}/weights.safetensors"
         elif stage.startswith("onnx "):  # the graph, one tensor at a time
             dt = stage.split()[1]
-            graph = _export_onnx(cfg, weights, folder, role, dt, entry, info, ahead.get((role, dt)))
+            graph = _export_onnx(cfg, weights, folder, role, dt, entry, info, ahead.get((role, dt)), tok)
         else:                            # what the backend makes of it (ORT's optimized graph, plans)
             release_memory(collect=True)
             info["artifacts"].update(BACKENDS[backend].convert(cfg, spec, graph, role, stage.split()[1]))
@@ -297,7 +297,7 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
 
 
 def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: ModelEntry, info: dict,
-                 ahead=None) -> Path:
+                 ahead=None, tok=None) -> Path:
     """The model as an ONNX graph in dtype `dt` (weight-only quantized if asked), written one tensor
     at a time (engines/stream.py); `ahead`: its graph, being exported by a worker process."""
     from ..engines.quantize import ACCURACY_LEVEL, record
@@ -305,9 +305,15 @@ def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: 
 
     mode, acts = entry.quantize, activations(role, entry)
     path = folder / (f"model.{dt}.onnx" if mode == "none" else f"model.{dt}-{mode}.onnx")
+    head = None
+    if entry.head and entry.head < weights.spec.vocab_size:
+        from ..engines.head_vocab import head_tokens
+        head = head_tokens(tok, entry.head, weights.spec.vocab_size)
+        info["head"] = {"tokens": len(head), "of": weights.spec.vocab_size,
+                        "chosen_by": "token counts over Python's standard library (engines/head_vocab.py)"}
     counts = build_graph(weights, path, DTYPES[dt], exact_attention(role, entry), cfg.build.opset, mode,
                          ACCURACY_LEVEL[acts], desc=f"{role}: writing {path.name}",
-                         exported=None if ahead is None else ahead.get())
+                         exported=None if ahead is None else ahead.get(), head=head)
     if mode != "none":              # the config allows it for onnxruntime fp32 only
         if counts["matmuls_quantized"] == 0:
             raise EngineError(f"{role} {entry.model}: no MatMul weight is a quantized tensor of the source; "

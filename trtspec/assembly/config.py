@@ -74,6 +74,10 @@ class ModelEntry(Strict):
     # faster per step here) gets exact attention: fp64 attention and KV, so a tree's rows still give
     # the logits of one-token forwards (docs/ARCHITECTURE.md, "Exact attention").
     activations: Literal["auto", "fp32", "int8"] = "auto"
+    # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
+    # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another
+    # token; outputs are unchanged (the target verifies every token). 0: the whole vocabulary.
+    head: Annotated[int, Field(ge=0, le=1 << 24)] = 0
 
     @field_validator("model")
     @classmethod
@@ -150,6 +154,12 @@ class Config(Strict):
         why = check(self)                              # the backend's own rules (quantize, dtypes, buckets)
         if why:
             raise ValueError(why)
+        if self.target.head:
+            raise ValueError(f"target.head: {self.target.head}: only a draft's LM head may be reduced (the target's "
+                             "logits decide every output token); move head to draft, or remove it")
+        if self.draft is not None and self.draft.head and self.backend == "torch":
+            raise ValueError(f"draft.head: {self.draft.head}: a reduced head is built into ONNX graphs; use backend "
+                             "onnxruntime (or tensorrt), or remove head")
         if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
             raise ValueError(f"buckets.cache {self.buckets.cache}: a cache bucket above max_seq_len "
                              f"{self.max_seq_len} is never used; keep buckets <= max_seq_len")

@@ -12,6 +12,10 @@ computes. MatMulNBits computes (q - z) * s with 4-bit codes and integer zero poi
 - the offset c becomes a second, small product: the block sums of the activations (Reshape +
   ReduceSum) times the [K / block, N] matrix of offsets, added last.
 
+Weights of one input with the same block type (q/k/v, gate/up) are joined along N into one product
+and split after (`joined_matmul_nodes`): every output column is its own dot product, so each weight's
+columns are the same bit for bit, from fewer, larger kernel calls.
+
 With a one-hot activation row this graph returns s * q + c rounded once, i.e. the GGUF's weight bit
 for bit (tests/test_gguf_blocks.py probes the kernels with an identity matrix; `python -m
 trtspec.engines.gguf_blocks GRAPH FILE.gguf` does it for a built graph, every tensor). Float zero
@@ -195,6 +199,71 @@ def matmul_nodes(name: str, x: str, y: str, bl: Blocks, accuracy_level: int):
     return nodes, inits
 
 
+def gather_nodes(name: str, ids: str, y: str, bl: Blocks):
+    """Nodes and initializers computing y = w[ids] (an embedding lookup) from the blocks of w [V, K]
+    as they are: ONNX Runtime's GatherBlockQuantized on the codes ((q - z) * s, exact in fp32), plus
+    the gathered offsets where the type has them (one rounding, as gguf's), so the rows are the
+    GGUF's weights bit for bit, at 4 or 8 bits a code instead of 32."""
+    from onnx import helper, numpy_helper
+
+    v, k = bl.codes.shape
+    nb, p = k // bl.block, f"{PREFIX}{name}/"
+    bits = 4 if bl.bits <= 4 else 8
+    u = (bl.codes - np.int16(bl.low)).astype(np.uint8)
+    z = -bl.low
+    data = _pack4(u) if bits == 4 else u
+    zero = _pack4(np.full((v, nb), z, dtype=np.uint8)) if bits == 4 else np.full((v, nb), z, dtype=np.uint8)
+    inits = [numpy_helper.from_array(data, f"{p}codes"), numpy_helper.from_array(bl.scale, f"{p}scale"),
+             numpy_helper.from_array(zero, f"{p}zero")]
+    nodes = [helper.make_node("GatherBlockQuantized", [f"{p}codes", ids, f"{p}scale", f"{p}zero"], [f"{p}rows"],
+                              domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=bl.block,
+                              bits=bits, name=f"{p}gather")]
+    if bl.offset is not None:
+        inits += [numpy_helper.from_array(bl.offset, f"{p}offset"),
+                  numpy_helper.from_array(np.array([0, 0, nb, bl.block], dtype=np.int64), f"{p}blocks"),
+                  numpy_helper.from_array(np.array([0, 0, nb, 1], dtype=np.int64), f"{p}one"),
+                  numpy_helper.from_array(np.array([0, 0, k], dtype=np.int64), f"{p}flat")]
+        nodes += [helper.make_node("Gather", [f"{p}offset", ids], [f"{p}off"], axis=0, name=f"{p}off"),
+                  helper.make_node("Reshape", [f"{p}rows", f"{p}blocks"], [f"{p}rb"], name=f"{p}rb"),
+                  helper.make_node("Reshape", [f"{p}off", f"{p}one"], [f"{p}ob"], name=f"{p}ob"),
+                  helper.make_node("Add", [f"{p}rb", f"{p}ob"], [f"{p}sum"], name=f"{p}sum"),
+                  helper.make_node("Reshape", [f"{p}sum", f"{p}flat"], [f"{p}out"], name=f"{p}out")]
+    nodes[-1].output[0] = y
+    return nodes, inits
+
+
+def joinable(a: Blocks, b: Blocks) -> bool:
+    """Whether two weights of one input can be one product: the same block layout along K."""
+    return (a.codes.shape[1], a.block, a.low, a.bits, a.offset is None) == \
+        (b.codes.shape[1], b.block, b.low, b.bits, b.offset is None)
+
+
+def join(parts: list[Blocks]) -> Blocks:
+    """The weights stacked along N: one product computes them all. Every output column of
+    MatMulNBits (and of the offsets' product) is its own dot product over K, so each column of the
+    joined product is the column of its own product, bit for bit (tests/test_gguf_blocks.py)."""
+    first = parts[0]
+    offset = None if first.offset is None else np.concatenate([p.offset for p in parts])
+    return Blocks(np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts]), offset,
+                  first.block, first.low, first.bits)
+
+
+def joined_matmul_nodes(names: list[str], x: str, ys: list[str], parts: list[Blocks], accuracy_level: int):
+    """matmul_nodes for weights that read the same input (q/k/v, gate/up): one product over the
+    joined weights, split into each weight's output. Node names: gguf/<tensor>+<tensor>.../..."""
+    from onnx import helper, numpy_helper
+
+    if not all(joinable(parts[0], b) for b in parts):
+        raise ValueError(f"{names}: weights of different block layouts cannot be one product")
+    name = "+".join(n.split("/", 1)[0] for n in names) + "/" + names[0].split("/", 1)[1]
+    p = f"{PREFIX}{name}/"
+    nodes, inits = matmul_nodes(name, x, f"{p}joined", join(parts), accuracy_level)
+    sizes = np.array([b.codes.shape[0] for b in parts], dtype=np.int64)
+    inits.append(numpy_helper.from_array(sizes, f"{p}sizes"))
+    nodes.append(helper.make_node("Split", [f"{p}joined", f"{p}sizes"], list(ys), axis=-1, name=f"{p}split"))
+    return nodes, inits
+
+
 def _row_order(spec, tensor: str, rows: int) -> np.ndarray:
     """A GGUF tensor's rows in the model's order: llama.cpp's converter permutes llama's q/k rows
     (gguf_loader.unpermute_rope undoes it, as the loader does); every other tensor keeps its order."""
@@ -210,9 +279,10 @@ def _row_order(spec, tensor: str, rows: int) -> np.ndarray:
 # ---- verification: the engine's weights, probed through its kernels ----------------------------------
 
 def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
-    """For each GGUF tensor replaced in the graph at `model_path`: do the graph's MatMulNBits nodes
-    (run by ONNX Runtime at accuracy level 1 on an identity matrix, the terms added and the offsets
-    expanded as the graph does) give `gguf.quants.dequantize`'s weight, bit for bit?"""
+    """For each product of GGUF tensors in the graph at `model_path` (one tensor, or several joined:
+    `gguf/<tensor>+<tensor>/...`): do the graph's MatMulNBits nodes (run by ONNX Runtime at accuracy
+    level 1 on an identity matrix, the terms added and the offsets expanded as the graph does) give
+    `gguf.quants.dequantize`'s weights, stacked, bit for bit?"""
     import onnx
     import onnxruntime as ort
     from onnx import helper, numpy_helper
@@ -229,6 +299,24 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
     spec = spec_from_gguf(gf)
     tensors = {t.name: t for t in gf.tensors}
     out = {}
+    for node in model.graph.node:         # embeddings gathered from their blocks: every row, as the graph does
+        if node.name.startswith(PREFIX) and node.op_type == "GatherBlockQuantized":
+            group = node.name.rsplit("/", 1)[0]
+            t = tensors[group[len(PREFIX):].split("/", 1)[0]]
+            rows = np.arange(t.shape[0], dtype=np.int64)
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            weight = [node.input[0], node.input[2], node.input[3]]
+            g = helper.make_graph(
+                [helper.make_node("GatherBlockQuantized", [weight[0], "ids", *weight[1:]], ["Y"], domain="com.microsoft",
+                                  **attrs)], "probe", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [None])],
+                [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], [inits[i] for i in weight])
+            m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+            y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": rows})[0]
+            if (off := inits.get(f"{group}/offset")) is not None:
+                o = numpy_helper.to_array(off)
+                y = (y.reshape(len(rows), o.shape[1], -1) + o[:, :, None]).reshape(len(rows), -1)
+            want = _dequantize(gf, t)[_row_order(spec, t.name, t.shape[0])]
+            out[group] = y.shape == want.shape and np.array_equal(_bits(y), _bits(want))
     for group, nodes in groups.items():
         tname = group[len(PREFIX):].split("/", 1)[0]
         total = None
@@ -252,8 +340,8 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
         if off is not None:
             o = numpy_helper.to_array(off).T
             total = total + np.repeat(o, k // o.shape[1], axis=1)
-        t = tensors[tname]
-        want = _dequantize(gf, t)[_row_order(spec, tname, t.shape[0])]
+        want = np.concatenate([_dequantize(gf, t)[_row_order(spec, t.name, t.shape[0])]
+                               for t in (tensors[n] for n in tname.split("+"))])
         out[group] = total.shape == want.shape and np.array_equal(_bits(total), _bits(want))
     return out
 
@@ -273,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = probe(Path(argv[0]), Path(argv[1]))
     bad = [g for g, ok in res.items() if not ok]
-    print(f"{len(res)} GGUF weights probed through ONNX Runtime's kernels: "
-          f"{len(res) - len(bad)} bit-exact, {len(bad)} not" + (": " + ", ".join(bad[:5]) if bad else ""))
+    tensors = sum(len(g[len(PREFIX):].split("/", 1)[0].split("+")) for g in res)
+    bad_tensors = sum(len(g[len(PREFIX):].split("/", 1)[0].split("+")) for g in bad)
+    print(f"{tensors} GGUF weights ({len(res)} products) probed through ONNX Runtime's kernels: "
+          f"{tensors - bad_tensors} bit-exact, {bad_tensors} not" + (": " + ", ".join(bad[:5]) if bad else ""))
     return 1 if bad or not res else 0
 
 

@@ -60,7 +60,8 @@ def scheme(mode: str, acts: str) -> dict:
     return {"mode": mode, "op": "com.microsoft.MatMulNBits", "bits": int(mode[3:]), "block_size": BLOCK_SIZE,
             "symmetric": SYMMETRIC, "accuracy_level": ACCURACY_LEVEL[acts],
             "activations": acts, "weights": "every MatMul with a constant "
-            "weight (attention, MLP; the LM head unless tied to the embedding); embeddings and norms stay fp32",
+            "weight (attention, MLP; the LM head unless tied to the embedding); norms stay fp32, and embeddings "
+            "too unless the source stores them in blocks (a GGUF: gathered from its blocks, bit for bit)",
             "quantizer": f"onnxruntime.quantization.MatMulNBitsQuantizer (onnxruntime {onnxruntime.__version__})"}
 
 
@@ -68,12 +69,14 @@ def record(mode: str, acts: str, counts: dict) -> dict:
     """The manifest's `quantize` record of a graph written by engines/stream.py."""
     import onnxruntime
     if mode != "gguf":
-        return {**scheme(mode, acts), "matmuls_quantized": counts["matmuls_quantized"],
-                "matmuls_total": counts["matmuls_total"]}
+        return {**scheme(mode, acts), **{k: counts[k] for k in ("matmuls_quantized", "matmuls_total",
+                                                                "joined_products", "embedding")}}
     return {"mode": "gguf", "op": "com.microsoft.MatMulNBits", "bits": 4, "block_size": "the GGUF's (16 or 32)",
             "symmetric": False, "accuracy_level": ACCURACY_LEVEL[acts], "activations": acts,
-            "weights": "the GGUF's block codes, scales and mins: 4-bit terms per nibble of the codes, the mins as "
-                       "block sums times offsets; the engine's weights equal gguf.quants.dequantize bit for bit",
+            "weights": "the GGUF's block codes, scales and mins: 4-bit terms per nibble of the codes (8-bit "
+                       "terms for wider codes at int8 activations), the mins as block sums times offsets, "
+                       "weights of one input with one block type joined into one product, the embedding "
+                       "gathered from its blocks; the engine's weights equal gguf.quants.dequantize bit for bit",
             "quantizer": f"trtspec.engines.gguf_blocks (onnxruntime {onnxruntime.__version__})", **counts}
 
 

@@ -17,7 +17,10 @@ a small CPU): rebuilding a model, or building it quantized another way, exports 
 (`engines/weights.py`), converting it (`quantize: gguf`: the GGUF's own blocks as MatMulNBits terms,
 gguf_blocks.py; `int4`/`int8`: ONNX Runtime's MatMulNBitsQuantizer, run on that one MatMul), and
 appending its bytes to the graph's external-data file before the next is read: the build holds one
-tensor (and what it becomes) at a time, never the model.
+tensor (and what it becomes) at a time, never the model. In a quantized build the MatMuls that
+read one input (q/k/v, gate/up) are one joined product (one group of tensors at a time), an
+embedding stored in blocks is gathered from them, and a draft's LM head may be reduced to some
+tokens (`head`, head_vocab.py).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from ..export.contract import io_names
 from ..export.packs import cache_dir, write_atomic
@@ -198,14 +201,18 @@ class DataFile:
 
 
 def write_graph(proto: onnx.ModelProto, refs: dict[str, Ref], weights, path: Path, quantize: str = "none",
-                accuracy_level: int = 1, progress=None) -> dict:
+                accuracy_level: int = 1, progress=None, head: np.ndarray | None = None) -> dict:
     """Fill `proto`'s placeholders from `weights`, one tensor at a time, and save it at `path`
     (weights in `path`.data when large). `quantize`: gguf / int4 / int8 replace every MatMul whose B
-    is a weight (gguf: one the GGUF stores quantized). Returns {"matmuls_quantized", "matmuls_total"
-    (the MatMuls with a weight), "block_types"}. On any error nothing is left at `path`."""
+    is a weight (gguf: one the GGUF stores quantized). `head`: the token ids of a reduced LM head
+    (engines/head_vocab.py). Returns {"matmuls_quantized", "matmuls_total" (the MatMuls with a
+    weight), "block_types", "joined_products", "embedding" (dense or the block type it is gathered
+    from)}. On any error nothing is left at `path`."""
     from ..export.onnx_export import EXTERNAL_DATA_MIN_BYTES, remove_graph
     t0 = time.perf_counter()
     remove_graph(path)
+    if head is not None:
+        weights = _reduce_head(proto, refs, weights, head)
     size = sum(int(np.prod(r.shape)) * _itemsize(r.dtype) for r in refs.values())
     out = DataFile(path, external=size > EXTERNAL_DATA_MIN_BYTES)
     try:
@@ -221,8 +228,29 @@ def write_graph(proto: onnx.ModelProto, refs: dict[str, Ref], weights, path: Pat
     return counts
 
 
+def _reduce_head(proto: onnx.ModelProto, refs: dict[str, Ref], weights, ids: np.ndarray):
+    """Make the LM head's MatMul read the rows `ids` of the head (its own weight, so a quantizer
+    takes it even when the model ties it to the embedding) and spread its logits over the whole
+    vocabulary (head_vocab.head_nodes). Returns the weights that serve those rows."""
+    from .head_vocab import head_nodes
+    from .weights import HeadRows
+    g = proto.graph
+    node = next(n for n in g.node if "logits" in n.output)
+    ref = refs.get(node.input[1]) if node.op_type == "MatMul" else None
+    if ref is None or not ref.transposed:
+        raise ValueError("the graph's logits do not come from a MatMul by the LM head; a reduced head cannot "
+                         "be made for this graph")
+    refs["head/weight"] = Ref(HeadRows.HEAD, True, (ref.shape[0], len(ids)), ref.dtype)
+    node.input[1], node.output[0] = "head/weight", "head/logits"
+    nodes, inits = head_nodes("head/logits", "logits", ids, weights.spec.vocab_size)
+    g.node.extend(nodes)
+    g.initializer.extend(inits)
+    return HeadRows(weights, ids)
+
+
 def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, quantize: str, level: int,
           progress) -> dict:
+    from .gguf_blocks import gather_nodes
     g = proto.graph
     inits = [out.put(t) for t in g.initializer]
     matmuls = [n for n in g.node if n.op_type == "MatMul" and n.input[1] in refs and refs[n.input[1]].transposed]
@@ -230,15 +258,31 @@ def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, 
     for n in g.node:
         for i in n.input:
             readers[i] = readers.get(i, 0) + 1
-    replaced, counts = {}, {}
-    for node in matmuls:                          # quantized forms first, one weight at a time
-        new = _replace(node, refs[node.input[1]], weights, quantize, level) if quantize != "none" else None
+    replaced, counts, joined, embedding = {}, {}, 0, "dense"
+    for group in _groups(matmuls, refs, weights, quantize) if quantize != "none" else []:
+        new = _replace(group, refs, weights, quantize, level)    # quantized forms first, one product at a time
         if new is None:
             continue
-        replaced[node.name] = new[0]
+        replaced[group[0].name] = new[0]
+        for node in group:
+            replaced.setdefault(node.name, [])
+            readers[node.input[1]] -= 1
+            progress()
         inits += [out.put(t) for t in new[1]]
-        counts[new[2]] = counts.get(new[2], 0) + 1
-        readers[node.input[1]] -= 1
+        counts[new[2]] = counts.get(new[2], 0) + len(group)
+        joined += len(group) > 1
+        release_memory()
+    gathers = [n for n in g.node if n.op_type == "Gather" and n.input[0] in refs and not refs[n.input[0]].transposed]
+    for node in gathers if quantize != "none" else []:     # embeddings: the source's blocks, gathered as they are
+        found = weights.blocks(refs[node.input[0]].key)
+        if found is None:
+            continue
+        nodes, new_inits = gather_nodes(f"{found[0]}/{node.name}", node.input[1], node.output[0], found[1])
+        replaced[node.name] = nodes
+        inits += [out.put(t) for t in new_inits]
+        readers[node.input[0]] -= 1
+        embedding = weights.qtype_name(refs[node.input[0]].key)
+        del found, new_inits
         release_memory()
         progress()
     for name, ref in refs.items():                # then the weights read as they are, in graph order
@@ -248,36 +292,68 @@ def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, 
             del w
             release_memory()
             progress()
-        elif not any(name == n.input[1] for n in matmuls if n.name in replaced):
+        elif not any(name == n.input[1] for n in matmuls if n.name in replaced) and \
+                not any(name == n.input[0] for n in gathers if n.name in replaced):
             progress()                            # a placeholder nothing reads
     nodes = [new for node in g.node for new in replaced.get(node.name, [node])]
     del g.node[:]
     g.node.extend(nodes)
     del g.initializer[:]
     g.initializer.extend(inits)
-    if counts and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+    if (counts or embedding != "dense") and not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return {"matmuls_quantized": sum(counts.values()), "matmuls_total": len(matmuls), "block_types": counts}
+    return {"matmuls_quantized": sum(counts.values()), "matmuls_total": len(matmuls), "block_types": counts,
+            "joined_products": joined, "embedding": embedding}
 
 
-def _replace(node, ref: Ref, weights, quantize: str, level: int):
-    """(nodes, initializers, kind) computing node's MatMul from a quantized form of its weight, or
-    None to keep it. A LM head tied to the embedding stays dense, as it did when the graph read it
-    through a Transpose of the embedding (the embedding's Gather reads the same weight)."""
-    if ref.key == "model.embed_tokens.weight":
+def _groups(matmuls: list, refs: dict[str, Ref], weights, quantize: str) -> list[list]:
+    """The MatMuls to replace, one group per product: the MatMuls that read the same input (q/k/v,
+    gate/up; with `quantize: gguf`, those whose weights have the same block type) are one group, which
+    becomes one MatMulNBits over the joined weights, split after: fewer, larger products per layer,
+    the same output columns. A group keeps the place of its first MatMul."""
+    groups: dict[tuple, list] = {}
+    for n in matmuls:
+        key = refs[n.input[1]].key
+        kind = (n.name,) if key == "model.embed_tokens.weight" else \
+            (n.input[0], weights.qtype_name(key) if quantize == "gguf" else quantize)
+        groups.setdefault(kind, []).append(n)
+    return list(groups.values())
+
+
+def _replace(group: list, refs: dict[str, Ref], weights, quantize: str, level: int):
+    """(nodes, initializers, kind) computing the group's MatMuls from a quantized form of their
+    weights, or None to keep them. A LM head tied to the embedding stays dense, as it did when the
+    graph read it through a Transpose of the embedding (the embedding's Gather reads the same weight)."""
+    node, keys = group[0], [refs[n.input[1]].key for n in group]
+    if keys[0] == "model.embed_tokens.weight":
         return None
+    x, ys = node.input[0], [n.output[0] for n in group]
     if quantize == "gguf":
-        from .gguf_blocks import matmul_nodes
-        found = weights.blocks(ref.key)
-        if found is None:
+        from .gguf_blocks import joined_matmul_nodes, matmul_nodes
+        found = [weights.blocks(k) for k in keys]          # one block type: all None or none
+        if found[0] is None:
             return None
-        tname, bl = found
-        nodes, inits = matmul_nodes(f"{tname}/{node.name}", node.input[0], node.output[0], bl, level)
-        return nodes, inits, weights.qtype_name(ref.key)
+        names = [f"{tname}/{n.name}" for (tname, _), n in zip(found, group)]
+        if len(group) == 1:
+            nodes, inits = matmul_nodes(names[0], x, ys[0], found[0][1], level)
+        else:
+            nodes, inits = joined_matmul_nodes(names, x, ys, [bl for _, bl in found], level)
+        return nodes, inits, weights.qtype_name(keys[0])
     from .quantize import quantize_matmul
-    w = weights.get(ref.key, torch.float32).T
-    new = quantize_matmul(node, w.numpy(), int(quantize[3:]), level)
-    return None if new is None else (*new, quantize)
+    parts = [weights.get(k, torch.float32) for k in keys]
+    one = type(node).FromString(node.SerializeToString())
+    if len(group) > 1:
+        one.output[0] = f"{node.name}/joined"
+    new = quantize_matmul(one, torch.cat(parts).T.numpy(), int(quantize[3:]), level)
+    del parts
+    if new is None or len(group) == 1:
+        return None if new is None else (*new, quantize)
+    nodes, inits = new
+    sizes = np.array([refs[n.input[1]].shape[1] for n in group], dtype=np.int64)
+    inits.append(numpy_helper.from_array(sizes, f"{node.name}/sizes"))
+    nodes.append(helper.make_node("Split", [one.output[0], f"{node.name}/sizes"], ys, axis=-1,
+                                  name=f"{node.name}/split"))
+    return nodes, inits, quantize
 
 
 _TORCH = {TensorProto.FLOAT: torch.float32, TensorProto.FLOAT16: torch.float16,
@@ -311,7 +387,7 @@ def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int) -> tuple
 
 def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, opset: int = 18,
                 quantize: str = "none", accuracy_level: int = 1, desc: str | None = None,
-                exported: tuple[bytes, dict[str, Ref]] | None = None) -> dict:
+                exported: tuple[bytes, dict[str, Ref]] | None = None, head: np.ndarray | None = None) -> dict:
     """export_graph + write_graph: `weights` (engines/weights.py) as a step graph at `path`, with a
     progress bar per tensor when `desc` is given; `exported`: export_graph_bytes' answer for it."""
     from tqdm import tqdm
@@ -319,5 +395,5 @@ def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, op
         graph, refs = export_graph(weights.spec, dtype, exact, opset)
     else:
         graph, refs = onnx.ModelProto.FromString(exported[0]), exported[1]
-    with tqdm(total=len(refs), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:
-        return write_graph(graph, refs, weights, Path(path), quantize, accuracy_level, bar.update)
+    with tqdm(total=len(refs) + (head is not None), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:
+        return write_graph(graph, refs, weights, Path(path), quantize, accuracy_level, bar.update, head)

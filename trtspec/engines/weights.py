@@ -158,6 +158,30 @@ class _Truncated(Weights):
         return self.base.qtype_name(name)
 
 
+class HeadRows(Weights):
+    """The weights with an LM head (`HEAD`) over the rows `ids` only: a draft's reduced-vocabulary
+    head (engines/head_vocab.py), read from the model's head, or its embedding when the two are tied."""
+    HEAD = "lm_head.weight"
+
+    def __init__(self, base: Weights, ids: np.ndarray):
+        self.base, self.ids, self.spec, self.shapes = base, ids, base.spec, base.shapes
+        self.source = "model.embed_tokens.weight" if _tied(base.spec, self.HEAD) else self.HEAD
+
+    def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        if name != self.HEAD:
+            return self.base.get(name, dtype)
+        return self.base.get(self.source, dtype)[torch.from_numpy(self.ids)].contiguous()
+
+    def blocks(self, name: str):
+        if name != self.HEAD:
+            return self.base.blocks(name)
+        found = self.base.blocks(self.source)
+        return None if found is None else (found[0], found[1].rows(self.ids))
+
+    def qtype_name(self, name: str) -> str:
+        return self.base.qtype_name(self.source if name == self.HEAD else name)
+
+
 def in_first_layers(key: str, n: int) -> bool:
     """Whether an HF-named weight belongs to a model cut to its first n layers (`layers:`)."""
     return not (key.startswith("model.layers.") and int(key.split(".")[2]) >= n)

@@ -48,6 +48,13 @@ def describe(folder: Path) -> list[str]:
                          f"{q['matmuls_quantized']} of {q['matmuls_total']} MatMuls ({q['quantizer']})")
             if types := q.get("block_types"):
                 lines.append("  blocks     " + ", ".join(f"{k} x{n}" for k, n in sorted(types.items())))
+            if q.get("joined_products") or q.get("embedding", "dense") != "dense":
+                lines.append(f"  products   {q.get('joined_products', 0)} joined (weights of one input as one product); "
+                             f"embedding {q.get('embedding', 'dense')}"
+                             + (" (gathered from its blocks)" if q.get("embedding", "dense") != "dense" else ""))
+        if head := info.get("head"):
+            lines.append(f"  LM head    {head['tokens']} of {head['of']} tokens ({head['chosen_by']}); the others "
+                         "get probability 0 in drafts")
         if info.get("attention") == "fp64":
             lines.append("  attention  fp64, KV cache fp64 (exact attention: a tree row's logits are the one-token "
                          "forward's; check: inspect --compare --trees N)")

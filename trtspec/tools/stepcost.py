@@ -7,6 +7,9 @@ accepted length beats cost(T) / cost(1) plus the draft's cost.
                                      [--cached 256] [--threads 1] [--backend torch] [--profile DIR]
 
 `--profile DIR` (ONNX Runtime) also keeps ORT's profiler trace and prints the time per op type.
+`--against DIR` (repeatable) loads the same role of other folders into the same process and times
+them interleaved, one forward of each in turn, so that a before/after comparison sees the same
+machine state (on a shared or throttled machine, runs minutes apart differ by 10-20%).
 """
 from __future__ import annotations
 
@@ -28,10 +31,12 @@ from ..runtime.costs import step_costs
 @click.option("--threads", default=1, type=click.IntRange(1))
 @click.option("--repeats", default=3, type=click.IntRange(1), help="Timed forwards per T (min and median kept).")
 @click.option("--backend", type=click.Choice(BACKENDS), default=None, help="Default: the folder's.")
+@click.option("--against", "others", multiple=True, type=click.Path(exists=True),
+              help="Another engine folder (repeatable): its forwards are interleaved with the first's.")
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="ONNX Runtime only: run with ORT's profiler, keep its JSON trace in this folder and print "
                    "the time per op type for each T.")
-def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_dir):
+def main(engines_dir, role, tokens, cached, threads, repeats, backend, others, profile_dir):
     """Time one target (or draft) forward over T new tokens after CACHED cached ones."""
     from pathlib import Path
 
@@ -45,6 +50,7 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_d
     if min(sizes) < 1 or max(sizes) > MAX_STEP_TOKENS or len(set(sizes)) != len(sizes):
         raise click.BadParameter(f"step sizes must be distinct, in 1..{MAX_STEP_TOKENS}", param_hint="--tokens")
     torch.set_num_threads(threads)
+    asked = backend
     try:
         manifest, cfg, backend = open_folder(engines_dir, backend=backend)
         if role not in manifest["models"]:
@@ -60,8 +66,23 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_d
             Path(profile_dir).mkdir(parents=True, exist_ok=True)
             prefix = str(Path(profile_dir) / f"{role}")
         engine = load_role(Path(engines_dir), role, manifest, cfg, backend, threads, profile_prefix=prefix)
+        if others:
+            if profile_dir:
+                raise click.BadParameter("profile one folder at a time", param_hint="--against")
+            engines = {engines_dir: engine}
+            for d in others:
+                m, c, b = open_folder(d, backend=asked)
+                engines[d] = load_role(Path(d), role, m, c, b, threads)
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
+    if others:
+        try:
+            for row in interleaved(engines, sizes, cached, repeats, cfg.buckets.model_dump()):
+                click.echo(json.dumps({"role": role, "threads": threads, "cached": cached, **row}))
+        finally:
+            for e in engines.values():
+                e.close()
+        return
     try:
         runner = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=cfg.buckets.model_dump())
         for row in step_costs(runner, sizes, cached, repeats):
@@ -73,6 +94,32 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, profile_d
             click.echo(table(op_times(trace, sizes, repeats)))
     finally:
         engine.close()
+
+
+def interleaved(engines: dict, sizes: list[int], cached: int, repeats: int, buckets: dict) -> list[dict]:
+    """step_costs for several engines at once: per T, `repeats` rounds of one forward each."""
+    import time
+
+    from ..runtime.runner import ModelRunner, drive
+    runners = {}
+    for name, engine in engines.items():
+        r = runners[name] = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=buckets)
+        vocab = engine.spec.vocab_size
+        drive(r.prefill([(1000 + i) % vocab for i in range(cached)]))
+        drive(r.extend([1], last_only=False))        # warm-up
+        r.cache.rollback()
+    rows = []
+    for t in sizes:
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(repeats):
+            for name, r in runners.items():
+                t0 = time.perf_counter()
+                drive(r.extend([i % r.engine.spec.vocab_size for i in range(t)], last_only=False))
+                times[name].append(time.perf_counter() - t0)
+                r.cache.rollback()
+        rows += [{"engines": name, "T": t, "min_s": round(min(x), 4), "median_s": round(sorted(x)[len(x) // 2], 4)}
+                 for name, x in times.items()]
+    return rows
 
 
 if __name__ == "__main__":
