@@ -45,8 +45,8 @@ def token_counts(tokenizer, vocab_size: int, files: list[Path] | None = None) ->
     files = corpus() if files is None else files
     for i in range(0, len(files), 64):
         texts = [p.read_text(encoding="utf-8", errors="replace") for p in files[i:i + 64]]
-        for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]:
-            counts += np.bincount(np.asarray(ids, dtype=np.int64), minlength=vocab_size)[:vocab_size]
+        ids = np.concatenate([np.asarray(x, dtype=np.int64) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]])
+        counts += np.bincount(ids[ids < vocab_size], minlength=vocab_size)
     return counts
 
 

@@ -174,22 +174,36 @@ def grid(capacity: int) -> tuple[list[int], list[int]]:
 def step_costs(runner, tokens: list[int], cached: int, repeats: int = 3, digits: int | None = 4) -> list[dict]:
     """Prefill, one warm-up forward, then `repeats` forwards per T in order: the last len(tokens) x
     repeats engine runs are the timed ones (ort_profile.op_times relies on that order)."""
+    prefill_for_costs(runner, cached)
+    rows = []
+    for t in tokens:
+        times = [timed_forward(runner, t) for _ in range(repeats)]
+        rows.append(cost_row(t, times, digits))
+    return rows
+
+
+def prefill_for_costs(runner, cached: int) -> None:
+    """`cached` tokens in the runner's cache and one warm-up forward (rolled back)."""
     runner.reset()
     vocab = runner.engine.spec.vocab_size
     drive(runner.prefill([(1000 + i) % vocab for i in range(cached)]))
-    drive(runner.extend([1], last_only=False))       # warm-up
+    drive(runner.extend([1], last_only=False))
     runner.cache.rollback()
-    rows = []
-    for t in tokens:
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            drive(runner.extend([i % vocab for i in range(t)], last_only=False))
-            times.append(time.perf_counter() - t0)
-            runner.cache.rollback()
-        rnd = (lambda x: x) if digits is None else (lambda x: round(x, digits))
-        rows.append({"T": t, "min_s": rnd(min(times)), "median_s": rnd(sorted(times)[len(times) // 2])})
-    return rows
+
+
+def timed_forward(runner, t: int) -> float:
+    """Seconds of one forward over t new tokens, rolled back after."""
+    vocab = runner.engine.spec.vocab_size
+    t0 = time.perf_counter()
+    drive(runner.extend([i % vocab for i in range(t)], last_only=False))
+    dt = time.perf_counter() - t0
+    runner.cache.rollback()
+    return dt
+
+
+def cost_row(t: int, times: list[float], digits: int | None = 4) -> dict:
+    rnd = (lambda x: x) if digits is None else (lambda x: round(x, digits))
+    return {"T": t, "min_s": rnd(min(times)), "median_s": rnd(sorted(times)[len(times) // 2])}
 
 
 def measure_table(runner, tokens: list[int], cached: list[int], repeats: int = 3, bar=None) -> CostTable:

@@ -98,27 +98,19 @@ def main(engines_dir, role, tokens, cached, threads, repeats, backend, others, p
 
 def interleaved(engines: dict, sizes: list[int], cached: int, repeats: int, buckets: dict) -> list[dict]:
     """step_costs for several engines at once: per T, `repeats` rounds of one forward each."""
-    import time
-
-    from ..runtime.runner import ModelRunner, drive
-    runners = {}
-    for name, engine in engines.items():
-        r = runners[name] = ModelRunner.alone(engine, capacity=cached + max(sizes) + 1, buckets=buckets)
-        vocab = engine.spec.vocab_size
-        drive(r.prefill([(1000 + i) % vocab for i in range(cached)]))
-        drive(r.extend([1], last_only=False))        # warm-up
-        r.cache.rollback()
+    from ..runtime.costs import cost_row, prefill_for_costs, timed_forward
+    from ..runtime.runner import ModelRunner
+    runners = {name: ModelRunner.alone(e, capacity=cached + max(sizes) + 1, buckets=buckets)
+               for name, e in engines.items()}
+    for r in runners.values():
+        prefill_for_costs(r, cached)
     rows = []
     for t in sizes:
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(repeats):
             for name, r in runners.items():
-                t0 = time.perf_counter()
-                drive(r.extend([i % r.engine.spec.vocab_size for i in range(t)], last_only=False))
-                times[name].append(time.perf_counter() - t0)
-                r.cache.rollback()
-        rows += [{"engines": name, "T": t, "min_s": round(min(x), 4), "median_s": round(sorted(x)[len(x) // 2], 4)}
-                 for name, x in times.items()]
+                times[name].append(timed_forward(r, t))
+        rows += [{"engines": name, **cost_row(t, x)} for name, x in times.items()]
     return rows
 
 
