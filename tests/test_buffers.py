@@ -132,3 +132,23 @@ def test_tree_larger_than_max_step_tokens(llama_pair, make):
         assert "255" in str(e) or "256" in str(e) or "max_step_tokens" in str(e), str(e)
         return
     assert out == ref
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="reads /proc/self/statm (Linux)")
+def test_a_kv_pool_becomes_resident_as_its_rows_are_written():
+    """A pool of 4 slots x 8,192 rows (512 MiB) costs memory for the rows written, not for its size;
+    its rows read zero until written."""
+    spec = tiny_spec(num_layers=8, hidden_size=256, num_heads=4, num_kv_heads=2)
+    before = _resident_bytes()
+    pool = KVPool(spec, slots=4, capacity=8192, dtype=torch.float64)
+    assert pool.buf.numel() * 8 == 8 * 2 * 4 * 2 * 8192 * spec.head_dim * 8 == 512 << 20
+    cache = pool.caches[1]
+    assert float(cache.buf[:, :, :, :64].abs().sum()) == 0.0
+    cache.buf[:, :, :, :64].fill_(1.0)                   # one slot's first 64 rows
+    assert float(pool.buf[:, :, 1, :, :64].mean()) == 1.0 and float(pool.buf[:, :, 0, :, :64].abs().sum()) == 0.0
+    assert _resident_bytes() - before < 64 << 20

@@ -15,6 +15,7 @@ import pytest
 from trtspec.assembly.config import load_config
 from trtspec.assembly.build import build_engines
 from trtspec.assembly.load import load_generator
+from conftest import shared_build
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,14 +36,14 @@ def engines(tmp_path_factory):
     cfg.max_seq_len = 512
     cfg.build.optimize = False        # the ORT-optimized graph is tested on tiny models; saves CI time
     build_engines(cfg, out, backend="onnxruntime", log=lambda *a, **k: None)
-    build_engines(cfg, out.with_name("torch"), backend="torch", log=lambda *a, **k: None)
+    torch_folder = shared_build(tmp_path_factory, cfg, "torch")     # test_structured_smollm2.py's too
     cfg.target.quantize, cfg.draft.quantize = "int4", "int8"
     build_engines(cfg, out.with_name("int4"), backend="onnxruntime", log=lambda *a, **k: None)
     # The GGUF's own Q4_1 blocks, int8 activations and exact attention (target), the same blocks for the
     # self-draft
     cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "gguf", "int8", "gguf"
     build_engines(cfg, out.with_name("gguf"), backend="onnxruntime", log=lambda *a, **k: None)
-    return {"onnxruntime": out, "torch": out.with_name("torch"), "int4": out.with_name("int4"),
+    return {"onnxruntime": out, "torch": torch_folder, "int4": out.with_name("int4"),
             "gguf": out.with_name("gguf")}
 
 
@@ -122,4 +123,4 @@ def test_run_exits_0_every_time_on_smollm2(engines, backend):
     """The real model's folders (ONNX Runtime sessions, a self-draft): `trtspec run` exits 0 on every
     run, the answer streamed and the engines released before exit (tests/test_lifecycle.py: tiny ones)."""
     from test_lifecycle import assert_clean_exits
-    assert_clean_exits(engines[backend], 5, "--strategy", "staged:budget=6")
+    assert_clean_exits(engines[backend], 3, "--strategy", "staged:budget=6")

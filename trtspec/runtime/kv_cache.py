@@ -22,6 +22,8 @@ restores it when a step fails); the shared step (step.py) and prefill commit.
 """
 from __future__ import annotations
 
+import math
+import mmap
 import weakref
 
 import numpy as np
@@ -35,14 +37,23 @@ class CapacityError(TrtspecError, RuntimeError):
     """The request does not fit the KV capacity (max_seq_len)."""
 
 
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zeroed buffer. On the CPU it is fresh anonymous memory (mmap), whose pages the OS maps when
+    they are first written: a pool's resident memory grows with the rows its slots have held, not
+    with max_seq_len x slots (nothing reads a slot's rows past its own `used`)."""
+    n = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or n == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=dtype).view(shape)    # the tensor keeps the map
+
+
 class KVPool:
     """All KV rows of one model: `buf[L, 2, slots, Hkv, S, D]`; `caches[i]` is slot i."""
 
     def __init__(self, spec: ModelSpec, slots: int, capacity: int, dtype: torch.dtype,
                  device: str | torch.device = "cpu"):
         self.spec, self.capacity = spec, capacity
-        self.buf = torch.zeros(spec.num_layers, 2, slots, spec.num_kv_heads, capacity, spec.head_dim,
-                               dtype=dtype, device=device)
+        self.buf = zeros((spec.num_layers, 2, slots, spec.num_kv_heads, capacity, spec.head_dim), dtype, device)
         self.caches = [KVCache(spec, capacity, self.buf[:, :, i]) for i in range(slots)]
 
 

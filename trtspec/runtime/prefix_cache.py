@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..options import PREFILL_CHUNK
-from .kv_cache import KVCache, KVPool
+from .kv_cache import KVCache, KVPool, zeros
 
 BLOCK = PREFILL_CHUNK    # tokens per stored block: a prefill chunk, so stored rows are computed as a cold prefill's
 
@@ -42,8 +42,8 @@ class PrefixStore:
         s = pool.spec
         self.block = block
         blocks = tokens // block
-        self.buf = torch.zeros(s.num_layers, 2, s.num_kv_heads, blocks * block, s.head_dim,
-                               dtype=pool.buf.dtype, device=pool.buf.device)
+        self.buf = zeros((s.num_layers, 2, s.num_kv_heads, blocks * block, s.head_dim), pool.buf.dtype,
+                         pool.buf.device)                              # resident as blocks are stored
         self.where: OrderedDict[bytes, int] = OrderedDict()     # chain digest -> block, least recent first
         self.free = list(range(blocks))[::-1]
         self.queried = self.hit = self.stored = self.evicted = 0    # tokens looked up / found, blocks in / out
