@@ -28,6 +28,7 @@ import click
 import torch
 
 from ..errors import TrtspecError
+from ..options import PREFILL_CHUNK
 
 LLAMA_FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
@@ -67,7 +68,7 @@ def estimate(nll: float, nll2: float, count: int) -> tuple[float, float]:
 def engine_perplexity(runner, parts: list[list[int]], progress=None) -> dict:
     from ..runtime.runner import drive
     total = [0.0, 0.0, 0]
-    chunk = 64
+    chunk = PREFILL_CHUNK
     for ids in parts:
         runner.reset()
         rows = []
