@@ -206,6 +206,28 @@ def test_a_draft_that_must_catch_up_charges_it_over_the_tokens_left():
     assert AutoBudget(ROWS, max_nodes=32, batch=view, request=3).begin(512, behind=200)          # no end known: free
 
 
+def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
+    """Where a request's steps without a draft forward (suffix trees) have been gaining well over ar,
+    the gate does not prefill a draft that even optimistically would gain less; ar-like free steps
+    leave the bar at ar. A suffix tree is weighed against the tree the draft would grow after paying
+    its catch-up: the same candidates that do not pay for a prefill pay once the draft is current."""
+    def budget(free_steps: list[tuple[int, int]]) -> AutoBudget:
+        pol = AutoBudget(ROWS, max_nodes=32, left=64)
+        for tree, emitted in free_steps:                   # free steps: no draft forward ran
+            pol.begin(512)
+            pol.observe(tree, np.arange(emitted), np.arange(tree) - 1, None, emitted, 0.2)
+        return pol
+    assert budget([(1, 1)] * 10).begin(512, behind=200)                 # ar-like: the draft may pay
+    assert not budget([(8, 8)] * 10).begin(512, behind=200)             # suffix trees gaining ~4x: it cannot
+    cheap = budget([])
+    cheap.begin(512, behind=2)
+    costly = budget([])
+    costly.begin(512, behind=200)
+    sfx, frontier = [0.5], [0.5, 0.5]                   # one suffix candidate; the draft's reach (top-1 0.5)
+    assert cheap.worth_feeding(sfx, frontier, 2, ahead=8)
+    assert not costly.worth_feeding(sfx, frontier, 2, ahead=8)
+
+
 def test_a_free_tree_must_beat_the_batch_all_at_ar():
     """A suffix tree costs no draft forward, but it pads every row of a batched verify: it is taken only
     if the batch's rate with it beats everyone at ar, not merely the batch as the neighbours padded

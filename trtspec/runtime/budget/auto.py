@@ -39,6 +39,7 @@ from .records import step_record
 
 HOPE_TOP1 = 0.9        # a step drafts only if a chain this good (each node accepted w.p. 0.9 given its
 HOPE_FORWARDS = 8      # parent, or the request's own top-1 rate if higher, up to 8 draft forwards) could pay
+FREE_EMA = 0.15        # weight of the newest step in the running gain of steps with no draft forward
 
 
 class AutoBudget:
@@ -51,6 +52,7 @@ class AutoBudget:
         self.max_nodes = max_nodes
         self.left = left                    # tokens this request may still emit (None: unbounded)
         self.catch_up_s = 0.0               # this step: the draft's catch-up forward, if it must make one
+        self.free_gain = 1.0                # running gain over ar of this request's steps with no draft forward
         self.costs = BatchCosts(costs, batch or BatchView(), request)
         self.gate = ArGate()
         self.f = Acceptance()               # the draft model's probabilities (and reviewed chains')
@@ -87,10 +89,18 @@ class AutoBudget:
         must first catch up (never prefilled, or behind after ar steps) charges that forward, shared
         out over the tokens the request has left (each emitted token carries catch_up / left): a
         request near its end in a briefly drained batch does not prefill its draft for a step or
-        two (measured: four requests at once, each paid ~0.6 s of draft prefill for 2 tokens)."""
-        per_token = self.catch_up_s / max(self.left, 1) if self.catch_up_s and self.left is not None else 0.0
-        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1), per_token=per_token)
-        return max(rates[1:]) > max(rates[0], self.costs.all_ar_rate())
+        two (measured: four requests at once, each paid ~0.6 s of draft prefill for 2 tokens). Where
+        the strategy has free trees (suffix drafts), the bar is also what this request's steps
+        without a draft forward have been gaining (`free_gain`): a request whose suffix trees gain
+        1.4x ar does not prefill a draft that could at best gain 1.05x (measured on repeated JSON
+        requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3 draft tokens)."""
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1), per_token=self._catch_up())
+        return max(rates[1:]) > max(rates[0], self.costs.all_ar_rate() * max(self.free_gain, 1.0))
+
+    def _catch_up(self) -> float:
+        """Seconds charged per emitted token of a drafted step for the draft's catch-up forward, if it
+        must make one: that forward shared out over the tokens the request has left."""
+        return self.catch_up_s / max(self.left, 1) if self.catch_up_s and self.left is not None else 0.0
 
     def opened(self, pending: int) -> None:
         """The draft forward that opens a tree over the `pending` tokens the draft has not seen. After
@@ -170,8 +180,10 @@ class AutoBudget:
     def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
         """One more draft forward over `tokens` rows (feeding the nodes of values `fed`): worth it if the
         best tree reachable with it and up to `ahead` - 1 more forwards (`_ahead`) beats the best of
-        the known `candidates` without it."""
-        rates = self._ahead(candidates, fed, tokens, max(ahead, 1))
+        the known `candidates` without it. The forward that would open the tree (none ran yet this
+        step) carries the draft's catch-up, as in `could_pay`: a suffix tree is weighed against a
+        draft that must first be prefilled."""
+        rates = self._ahead(candidates, fed, tokens, max(ahead, 1), per_token=0.0 if self.rounds else self._catch_up())
         return max(rates[1:]) > rates[0]
 
     def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int,
@@ -215,6 +227,8 @@ class AutoBudget:
             self.left -= emitted
         realized = self.costs.rate(emitted - 1, tree_size - 1, self.draft_s) / ar
         self.gate.observe(realized, self.nodes)
+        if not self.rounds:                 # a free step: a suffix tree, or ar
+            self.free_gain = (1 - FREE_EMA) * self.free_gain + FREE_EMA * realized
         record = step_record(self, tree_size, emitted, seconds, realized)
         # last: the batch view still holds the step before (the scheduler updates it after this phase)
         self.last_expected = 1 + self.expected
