@@ -209,8 +209,9 @@ def test_a_draft_that_must_catch_up_charges_it_over_the_tokens_left():
 def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
     """Where a request's steps without a draft forward (suffix trees) have been gaining well over ar,
     the gate does not prefill a draft that even optimistically would gain less; ar-like free steps
-    leave the bar at ar. A suffix tree is weighed against the tree the draft would grow after paying
-    its catch-up: the same candidates that do not pay for a prefill pay once the draft is current."""
+    leave the bar at ar, and a draft that is current is left to the step's own choice. A suffix tree
+    is weighed against the tree the draft would grow after paying its catch-up: the same candidates
+    that do not pay for a prefill pay once the draft is current."""
     def budget(free_steps: list[tuple[int, int]]) -> AutoBudget:
         pol = AutoBudget(ROWS, max_nodes=32, left=64)
         for tree, emitted in free_steps:                   # free steps: no draft forward ran
@@ -219,6 +220,7 @@ def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
         return pol
     assert budget([(1, 1)] * 10).begin(512, behind=200)                 # ar-like: the draft may pay
     assert not budget([(8, 8)] * 10).begin(512, behind=200)             # suffix trees gaining ~4x: it cannot
+    assert budget([(8, 8)] * 10).begin(512, behind=2)                   # a current draft: weighed per step
     cheap = budget([])
     cheap.begin(512, behind=2)
     costly = budget([])

@@ -90,12 +90,15 @@ class AutoBudget:
         out over the tokens the request has left (each emitted token carries catch_up / left): a
         request near its end in a briefly drained batch does not prefill its draft for a step or
         two (measured: four requests at once, each paid ~0.6 s of draft prefill for 2 tokens). Where
-        the strategy has free trees (suffix drafts), the bar is also what this request's steps
-        without a draft forward have been gaining (`free_gain`): a request whose suffix trees gain
-        1.4x ar does not prefill a draft that could at best gain 1.05x (measured on repeated JSON
-        requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3 draft tokens)."""
+        the draft must catch up and the strategy has free trees (suffix drafts), the bar is also what
+        this request's steps without a draft forward have been gaining (`free_gain`): a request whose
+        suffix trees gain 1.4x ar does not prefill a draft that could at best gain 1.05x (measured on
+        repeated JSON requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3
+        draft tokens). A draft that is current is weighed against the suffix tree step by step
+        (`worth_feeding`), with no such bar."""
         rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1), per_token=self._catch_up())
-        return max(rates[1:]) > max(rates[0], self.costs.all_ar_rate() * max(self.free_gain, 1.0))
+        bar = self.costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
+        return max(rates[1:]) > max(rates[0], bar)
 
     def _catch_up(self) -> float:
         """Seconds charged per emitted token of a drafted step for the draft's catch-up forward, if it
