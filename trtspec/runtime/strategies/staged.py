@@ -45,7 +45,8 @@ Small = Annotated[int, Field(ge=1, le=64)]
 # this many tokens. After a 1-2 token match the tries' most frequent continuation was the next token
 # 19-47% of the time on code edits (suffix_drafter.MATCH_DOUBT); on HumanEval the n-gram staged's
 # draft nodes were accepted 72% of the time, and mixed trees' suffix candidates took their slots
-# (131 of 419 accepted, 0.94x the n-gram staged's speed). Whether a step is a suffix tree alone (no draft forward) still weighs every candidate.
+# (131 of 419 accepted, 0.94x the n-gram staged's speed). Whether a step is a suffix tree alone (no
+# draft forward) still weighs every candidate.
 MIX_MATCH = 3
 
 
