@@ -68,13 +68,13 @@ def estimate(nll: float, nll2: float, count: int) -> tuple[float, float]:
 def engine_perplexity(runner, parts: list[list[int]], progress=None) -> dict:
     from ..runtime.runner import drive
     total = [0.0, 0.0, 0]
-    chunk = PREFILL_CHUNK
     for ids in parts:
         runner.reset()
         rows = []
-        for i in range(0, len(ids), chunk):          # the prefill's own chunks, every row's logits kept
-            rows.append(drive(runner.extend(ids[i:i + chunk], last_only=False, phase="prefill")).float().cpu())
-            runner.cache.commit(range(len(ids[i:i + chunk])))
+        for i in range(0, len(ids), PREFILL_CHUNK):  # the prefill's own chunks, every row's logits kept
+            part = ids[i:i + PREFILL_CHUNK]
+            rows.append(drive(runner.extend(part, last_only=False, phase="prefill")).float().cpu())
+            runner.cache.commit(range(len(part)))
         for k, v in enumerate(window_nll(torch.cat(rows), ids)):
             total[k] += v
         if progress:
@@ -179,7 +179,8 @@ def main(engines_dir, text, ctx, chunks, threads, llama, json_out):
     except TrtspecError as e:
         raise click.ClickException(str(e)) from None
     if json_out:
-        Path(json_out).write_text(json.dumps(out, indent=2) + "\n")
+        from ..export.packs import write_atomic
+        write_atomic(Path(json_out), json.dumps(out, indent=2) + "\n")     # never a half-written file
 
 
 if __name__ == "__main__":
