@@ -342,6 +342,23 @@ def test_cost_table_interpolates_and_extrapolates():
     assert CostModel.from_dict(json.loads(json.dumps(CPU.to_dict()))).target(10) == pytest.approx(CPU.target(10))
 
 
+def test_cost_table_never_falls_past_its_grid():
+    """A noisy table (the draft measured 64 tokens cheaper after 512 cached than after 64; the target
+    2 tokens) must not price a long prompt's prefill at 0 s, nor a small tree below a one-token step:
+    past the grid more tokens or more cache never cost less, and past the cached grid every N grows
+    as the one-token step does."""
+    t = CostTable([1, 2, 32, 64], [64, 512], [[0.026, 0.031, 0.237, 0.466], [0.029, 0.028, 0.205, 0.381]])
+    grow = (0.029 + 0.003 * 3920 / 448) / 0.029
+    assert t(4432, 4432) == pytest.approx(t(4432, 512) * grow) and t(4432, 512) > 20
+    assert t(1, 4432) == pytest.approx(0.029 * grow) and t(64, 4432) == pytest.approx(0.381 * grow)
+    assert t(2, 4432) >= 0.9 * t(1, 4432)         # continued column by column: 0.5x
+    falling = CostTable([1, 2], [0], [[2.0, 1.0]])                 # more tokens measured cheaper
+    assert falling(10) == 1.0 and falling(0) == 2.0
+    flat = CostTable([1, 4], [0, 100], [[1.0, 2.0], [0.9, 1.8]])    # one-token step measured cheaper with cache
+    assert flat(4, 10_000) == pytest.approx(1.8) and flat(1, 10_000) == pytest.approx(0.9)
+    assert CostModel(t, t).forward("draft", [4432], 4432) > 20
+
+
 def test_auto_is_the_default_of_every_tree_strategy_and_fixed_stays():
     for name in ("chain", "staged", "dyspec", "gsd", "cascade", "suffix"):
         assert make_strategy(name).auto_nodes() is not None, name
