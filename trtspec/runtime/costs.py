@@ -91,9 +91,10 @@ def _interp(x: float, xs: list[int], ys: list[float]) -> float:
     i = min(max(bisect_left(xs, x) - 1, 0), len(xs) - 2)
     x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
     slope = (y1 - y0) / (x1 - x0)
-    if x > xs[-1] or x < xs[0]:
+    if x < xs[0] or x > xs[-1]:          # past the grid: from its nearest end, never falling
         slope = max(slope, 0.0)
-        return (y1 if x > xs[-1] else y0) + slope * (x - (x1 if x > xs[-1] else x0))
+        if x > xs[-1]:
+            x0, y0 = x1, y1
     return y0 + slope * (x - x0)
 
 
