@@ -24,9 +24,11 @@ import torch
 from conftest import CPU_LIKE, GPU_LIKE
 from trtspec.assembly.config import load_config
 from trtspec.assembly.build import build_engines
-from trtspec.runtime.budget import Acceptance, AutoBudget, BatchView
+from trtspec.runtime.budget import Acceptance, AutoBudget, BatchView, Round, Values
 from trtspec.runtime.costs import COSTS_FILE, CostModel, CostTable, fits, load
+from trtspec.runtime.proposal import Proposal
 from trtspec.runtime.strategies import STRATEGIES, make_strategy
+from trtspec.runtime.tree import TokenTree
 
 TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny-random.yaml"
 
@@ -48,12 +50,30 @@ ROWS = CostModel(CostTable(T5, [0], [[.2056, .2265, .2489, .2979, .4031]]),
 NEVER = CostModel(CostTable([1, 2, 64], [0], [[0.01, 0.05, 1.0]]), CostTable([1, 64], [0], [[0.01, 0.01]]))
 
 
+class Proposer:
+    """A proposer's side of one step, as the strategies keep it: the values of the nodes in its tree and
+    its draft forwards' rows, the facts it tells the budget with each question (budget.Round)."""
+
+    def __init__(self, pol: AutoBudget):
+        self.pol, self.tree, self.forwards = pol, [], []
+
+    def take(self, known, width: int = 0, ahead: int = 0, free: bool = False) -> int:
+        return self.pol.plan(Round(self.tree, self.forwards, list(known), width=width, ahead=ahead, free=free)).take
+
+    def feeds(self, known, fed, rows: int, ahead: int) -> bool:
+        return self.pol.plan(Round(self.tree, self.forwards, list(known), list(fed), rows, ahead=ahead)).feed
+
+    def observe(self, size: int, accepted: int, emitted: int, seconds: float, node_q=None) -> dict:
+        """The step's outcome: a chain of `size` nodes (root included), its first `accepted` drafts accepted."""
+        proposal = Proposal(TokenTree.chain(0, [1] * (size - 1)), node_q=node_q, values=self.tree,
+                            forward_rows=self.forwards)
+        return self.pol.observe(proposal, np.arange(accepted + 1), emitted, seconds)
+
+
 def select(pol: AutoBudget, values: list[float]) -> int:
     """The policy's node selection over candidates sorted best first (as staged's heap offers them)."""
     values = sorted(values, reverse=True)
-    for v in values[: pol.take(values)]:
-        pol.add(v)
-    return pol.nodes
+    return Proposer(pol).take(values)
 
 
 def rate(costs: CostModel, values: list[float], n: int, draft_s: float = 0.0) -> float:
@@ -104,23 +124,25 @@ def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
     """chain's loop: the first draft forward is paid, then each token is vetted (worth) and each further
     forward too (worth_feeding), both looking ahead along the chain (the next tokens' values guessed
     from the running top-1 estimate). On INT4 costs one draft never pays and 8 do (p = 0.95)."""
-    pol = AutoBudget(costs, max_nodes=32)
-    pol.f.update(np.full(400, 0.95), np.random.default_rng(0).random(400) < p)   # calibrated: f(0.95) ~ p
+    values = Values()
+    values.f.update(np.full(400, 0.95), np.random.default_rng(0).random(400) < p)   # calibrated: f(0.95) ~ p
     for _ in range(20):
-        pol.saw_top1(0.95)
+        values.saw_top1(0.95)
+    pol = AutoBudget(costs, max_nodes=32, values=values)
     pol.begin(0)
-    pol.draft_forward(1)
+    me = Proposer(pol)
+    me.forwards.append(1)
     value, k = 1.0, 0
     while k < 32:
-        v = pol.value(value, 0.95)
-        if not pol.worth(v, ahead=32 - k - 1):
+        v = values.child(value, 0.95)
+        if not me.take([v], width=1, ahead=32 - k - 1):
             break
-        pol.add(v)
+        me.tree.append(v)
         value, k = v, k + 1
-        if not pol.worth_feeding([], [value], 1, ahead=32 - k):
+        if not me.feeds([], [value], 1, ahead=32 - k):
             break
-        pol.draft_forward(1)
-    f = pol.f(0.95)
+        me.forwards.append(1)
+    f = values.f(0.95)
     best_fixed = max(chain_rate(costs, f, j) for j in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32))
     got = chain_rate(costs, f, k)
     assert got >= best_fixed * 0.98, (k, got, best_fixed)
@@ -131,16 +153,18 @@ def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
 def test_lookahead_feeds_candidates_that_pay_only_as_a_deep_tree():
     """staged's first round on INT4 costs: no prefix of leaves beats ar, the same candidates fed for
     a few rounds do (confident drafts), so take() returns the width to feed; not without rounds left."""
-    pol = AutoBudget(INT4, max_nodes=32)
-    pol.f.update(np.full(400, 0.95), np.ones(400, dtype=bool))
+    scores = Values()
+    scores.f.update(np.full(400, 0.95), np.ones(400, dtype=bool))
     for _ in range(20):
-        pol.saw_top1(0.97)
+        scores.saw_top1(0.97)
+    pol = AutoBudget(INT4, max_nodes=32, values=scores)
     pol.begin(0)
-    pol.draft_forward(1)
-    values = [pol.value(1.0, q) for q in (0.97, 0.02, 0.01)]
-    assert pol.take(values) == 0 and pol.take(values, width=1, ahead=0) == 0
-    assert pol.take(values, width=1, ahead=6) == 1
-    assert pol.worth_feeding([], [values[0]], 1, ahead=6) and not pol.worth_feeding([], [values[0]], 1, ahead=1)
+    me = Proposer(pol)
+    me.forwards.append(1)
+    values = [scores.child(1.0, q) for q in (0.97, 0.02, 0.01)]
+    assert me.take(values) == 0 and me.take(values, width=1, ahead=0) == 0
+    assert me.take(values, width=1, ahead=6) == 1
+    assert me.feeds([], [values[0]], 1, ahead=6) and not me.feeds([], [values[0]], 1, ahead=1)
 
 
 def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
@@ -149,17 +173,17 @@ def test_ar_when_drafts_are_never_accepted_then_probes_back_off():
     for _ in range(60):
         d = pol.begin(100)
         drafted.append(d)
+        me = Proposer(pol)
         if d:                                       # a 4-node tree of confident drafts, all rejected
-            pol.draft_forward(1)
-            for _ in range(4):
-                pol.add(pol.value(1.0, 0.9))
-            pol.observe(5, np.array([0]), np.array([-1, 0, 1, 2, 3]), lambda: np.array([np.nan, .9, .9, .9, .9]), 1, 0.2)
+            me.forwards.append(1)
+            me.tree += [pol.values.child(1.0, 0.9)] * 4
+            me.observe(5, 0, 1, 0.2, lambda: np.array([np.nan, .9, .9, .9, .9]))
         else:
-            rec = pol.observe(1, np.array([0]), np.array([-1]), None, 1, 0.17)
+            rec = me.observe(1, 0, 1, 0.17)
             assert rec["budget"] == 0 and rec["predicted_gain"] == 1.0
     assert drafted[0] and not all(drafted[:3])
     assert sum(drafted[20:]) <= 3                     # probes at most every 16 steps
-    assert pol.f(0.9) < 0.4 < Acceptance()(0.9)       # calibrated: confident drafts are rejected here
+    assert pol.values.f(0.9) < 0.4 < Acceptance()(0.9)   # calibrated: confident drafts are rejected here
 
 
 def test_a_probe_whose_tree_stays_empty_backs_off_further():
@@ -170,9 +194,10 @@ def test_a_probe_whose_tree_stays_empty_backs_off_further():
     for _ in range(200):
         d = pol.begin(100)
         drafted.append(d)
+        me = Proposer(pol)
         if d:
-            pol.draft_forward(3)                       # nothing added: an empty tree
-        pol.observe(1, np.array([0]), np.array([-1]), None, 1, 0.17)
+            me.forwards.append(3)                      # nothing added: an empty tree
+        me.observe(1, 0, 1, 0.17)
     gaps = np.diff(np.flatnonzero(drafted))
     assert gaps.max() > 16 and gaps[-1] == 65 and sum(drafted) <= 10
 
@@ -185,7 +210,7 @@ def test_a_full_batch_drafts_nothing_until_it_drains():
     view.observe({r: (1, 1.0) for r in range(1, 8)}, [])
     pol = AutoBudget(ROWS, max_nodes=32, batch=view, request=8)
     for _ in range(20):
-        pol.saw_top1(0.99)
+        pol.values.saw_top1(0.99)
     assert not any(pol.begin(512) for _ in range(300))
     assert AutoBudget(ROWS, max_nodes=32).begin(512)
     view.observe({1: (1, 1.0)}, [])
@@ -216,7 +241,7 @@ def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
         pol = AutoBudget(ROWS, max_nodes=32, left=64)
         for tree, emitted in free_steps:                   # free steps: no draft forward ran
             pol.begin(512)
-            pol.observe(tree, np.arange(emitted), np.arange(tree) - 1, None, emitted, 0.2)
+            Proposer(pol).observe(tree, emitted - 1, emitted, 0.2)
         return pol
     assert budget([(1, 1)] * 10).begin(512, behind=200)                 # ar-like: the draft may pay
     assert not budget([(8, 8)] * 10).begin(512, behind=200)             # suffix trees gaining ~4x: it cannot
@@ -226,8 +251,8 @@ def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
     costly = budget([])
     costly.begin(512, behind=200)
     sfx, frontier = [0.5], [0.5, 0.5]                   # one suffix candidate; the draft's reach (top-1 0.5)
-    assert cheap.worth_feeding(sfx, frontier, 2, ahead=8)
-    assert not costly.worth_feeding(sfx, frontier, 2, ahead=8)
+    assert Proposer(cheap).feeds(sfx, frontier, 2, ahead=8)
+    assert not Proposer(costly).feeds(sfx, frontier, 2, ahead=8)
 
 
 def test_a_free_tree_must_beat_the_batch_all_at_ar():
@@ -239,11 +264,11 @@ def test_a_free_tree_must_beat_the_batch_all_at_ar():
     pol = AutoBudget(ROWS, max_nodes=32, batch=view, request=8)
     pol.begin(512)
     values = [0.3, 0.09, 0.03]
-    assert pol.take(values) == 3                                       # against their padding: looks free
-    assert pol.take_free(values) == 0                                  # against all at ar: a loss
+    assert Proposer(pol).take(values) == 3                             # against their padding: looks free
+    assert Proposer(pol).take(values, free=True) == 0                  # against all at ar: a loss
     alone = AutoBudget(ROWS, max_nodes=32)
     alone.begin(512)
-    assert alone.take_free([0.9, 0.8, 0.7]) == 3
+    assert Proposer(alone).take([0.9, 0.8, 0.7], free=True) == 3
 
 
 def test_acceptance_prior_and_calibration():
@@ -289,15 +314,14 @@ def test_batch_forwards_are_costed_padded_and_the_draft_joins_its_round():
     assert pol.costs.verify_s(0) == pytest.approx(CPU.target(8 * 2))          # my root row pads to 2 like theirs
     assert pol.costs.verify_s(7) == pytest.approx(CPU.target(8 * 8))          # a tree of 8 pads every row to 8
     assert pol.draft_s == pytest.approx(CPU.draft(7 * 2) + CPU.draft(7 * 10))   # their draft time, before mine
-    pol.draft_forward(2)                                                # round 0: joins theirs
-    pol.draft_forward(4)                                                # round 1: within their 10, padded
-    pol.draft_forward(3)                                                # round 2: nobody else: alone
+    # round 0: joins theirs; round 1: within their 10, padded; round 2: nobody else: alone
+    pol.plan(Round(forwards=[2, 4, 3]))
     assert pol.draft_s == pytest.approx(CPU.draft(8 * 2) + CPU.draft(8 * 10) + CPU.draft(3))
     assert pol.costs.all_ar_rate() == pytest.approx(8 / CPU.target(8))        # the batch if everyone took ar
     alone = AutoBudget(CPU, max_nodes=64)
     alone.begin(0)
-    alone.draft_forward(3)
-    assert alone.draft_s == pytest.approx(CPU.draft(3)) and alone.costs.verify_s(4) == pytest.approx(CPU.target(5))
+    alone.plan(Round(forwards=[2, 3]))                                 # the forward that opened the tree, then 3 rows
+    assert alone.draft_s == pytest.approx(CPU.draft(2) + CPU.draft(3)) and alone.costs.verify_s(4) == pytest.approx(CPU.target(5))
     view.forget(3)                                                      # a neighbour ended: out of the view
     assert pol.costs.verify_s(0) == pytest.approx(CPU.target(7 * 2)) and 3 not in view.draft[0]
 
@@ -309,10 +333,10 @@ def test_in_a_batch_drafting_must_beat_everyone_taking_ar():
     view.observe({r: (4, 2.0) for r in range(1, 4)}, [{r: 2 for r in range(1, 4)}, {r: 5 for r in range(1, 4)}])
     pol = AutoBudget(CPU, max_nodes=64, batch=view, request=8)
     assert pol.begin(0)                                   # no history yet, and a good tree could pay: draft
-    pol.draft_forward(2)
-    for _ in range(5):
-        pol.add(pol.value(1.0, 0.6))
-    rec = pol.observe(6, np.array([0, 1]), np.array([-1, 0, 1, 2, 3, 4]), lambda: np.full(6, 0.6), 2, 1.0)
+    me = Proposer(pol)
+    me.forwards.append(2)
+    me.tree += [pol.values.child(1.0, 0.6)] * 5
+    rec = me.observe(6, 1, 2, 1.0, lambda: np.full(6, 0.6))
     # with the neighbours' 2 tokens each, the batch makes 3 * 2 + 2 = 8 tokens per iteration of
     # 2 draft forwards + a target forward over 4 rows of 4-6 tokens: fewer per second than 4 ar rows
     assert rec["modelled_gain"] < 1 and not pol.begin(0)

@@ -25,7 +25,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from conftest import reference_logits
-from trtspec.runtime.budget import FixedBudget
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.draft_tree import DraftTree
 from trtspec.runtime.runner import ModelRunner, drive
@@ -512,7 +511,8 @@ def test_unroll_random_dags(llama_pair, seed, n_nodes, n_merges, budget):
     rng = np.random.default_rng(seed)
     merged = random_dag(tree, rng, n_nodes, n_merges)
     size0 = tree.size
-    keep = GSD(budget=budget)._unroll(tree, merged, FixedBudget())
+    keep, values = GSD(budget=budget)._unroll(st, tree, merged)     # st's budget: fixed
+    assert len(values) == len(keep) - 1
     check_unroll(tree, merged, keep, budget, size0)
 
 
@@ -521,16 +521,17 @@ def test_unroll_in_real_runs(llama_pair, small_pair, monkeypatch):
     orig = gsd_mod.GSD._unroll
     calls = {"n": 0, "merged": 0}
 
-    def unroll(self, tree, merged, budget):
+    def unroll(self, st, tree, merged):
         size0 = tree.size
         for p, ms in merged.items():                    # acyclic: no merged target reaches its source
             for m in ms:
                 assert not GSD._reaches(tree, m, p, merged) and not tree.anc[p, m]
-        keep = orig(self, tree, merged, budget)
+        keep, values = orig(self, st, tree, merged)
         check_unroll(tree, merged, keep, self.nodes, size0)
+        assert len(values) == len(keep) - 1
         calls["n"] += 1
         calls["merged"] += sum(map(len, merged.values()))
-        return keep
+        return keep, values
 
     monkeypatch.setattr(gsd_mod.GSD, "_unroll", unroll)
     for pair, prompt in ((llama_pair, [3, 17] * 6), (small_pair, [1, 3, 5, 1, 3])):

@@ -125,3 +125,40 @@ def test_strategies_only_propose():
         named = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert not (called | named) & banned, f"{path.name}: {sorted((called | named) & banned)}"
         assert "budget is not None" not in path.read_text() and "policy" not in path.read_text()
+
+
+# The budget's whole protocol (runtime/budget/__init__.py, `Budget`): a step begins, a proposer asks
+# plan(Round) (what to take, whether to feed), the step observes the outcome, the scheduler reads the
+# last step's expectation; `adaptive` tells a request whether to prefill its draft at once.
+BUDGET_PROTOCOL = {"begin", "plan", "observe", "expected_emitted", "adaptive"}
+
+
+def budget_uses(path: Path) -> list[tuple[str, int]]:
+    """Every attribute taken of a budget in `path` (`budget.x`, `st.budget.x`, and getattr(...budget, ...))."""
+    def is_budget(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "budget") or \
+            (isinstance(node, ast.Attribute) and node.attr == "budget")
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and is_budget(node.value):
+            out.append((node.attr, node.lineno))
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("getattr", "hasattr") and \
+                node.args and is_budget(node.args[0]):
+            out.append((f"{node.func.id}(...)", node.lineno))
+    return out
+
+
+def test_nothing_outside_the_budget_reaches_past_its_protocol():
+    """Proposers score candidates with the request's Values (budget/values.py) and ask the budget one
+    thing, plan(Round); nothing outside runtime/budget/ reads its state or calls its internals."""
+    inside = PKG / "runtime" / "budget"
+    seen, bad = set(), []
+    for path in modules().values():
+        if inside in path.parents:
+            continue
+        for attr, line in budget_uses(path):
+            seen.add(attr)
+            if attr not in BUDGET_PROTOCOL:
+                bad.append(f"{path.relative_to(PKG)}:{line} reads budget.{attr}")
+    assert not bad, "\n".join(bad)
+    assert {"begin", "plan", "observe"} <= seen            # the rule looks at the places that use it

@@ -17,8 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from conftest import CPU_LIKE
-from trtspec.runtime.budget import Acceptance, AutoBudget
+from trtspec.runtime.budget import Acceptance, Values
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
 from trtspec.runtime.strategies.staged import MIX_MATCH
@@ -184,7 +183,7 @@ def test_suffix_calibration_is_kept_per_scope_across_requests(small_pair):
 
     def spy(st):
         out = drafter_tries(st)
-        seen.append(st.budget.f_suffix.copy())
+        seen.append(st.values.f_suffix.copy())
         return out
     strat.drafter._tries = spy
     again = gen.generate(prompt, strategy=strat, max_new_tokens=40)
@@ -207,16 +206,16 @@ def test_a_suffix_candidate_is_valued_by_its_parent_now_and_capped_by_the_draft_
     when the token is not among the draft's top-k."""
     class Tree:
         top = {0: ([0.6, 0.2, 0.1], [5, 6, 7])}              # the root's top-3 from the draft
-    budget = AutoBudget(CPU_LIKE, max_nodes=32)
+    values = Values()                                         # calibrated (budget auto), at its prior
     sfx = [Candidate(-1, 9, 0.9, 0.8), Candidate(0, 4, 0.9, 0.7), Candidate(-1, 6, 0.5, 0.4)]
     at, cur, value = [0, 0, 0], [c.value for c in sfx], {0: 1.0}
-    v0 = Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 0)
-    assert v0 == pytest.approx(budget.value(1.0, 0.1)) and v0 < 0.8      # outside the top-3: capped
-    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 2) == pytest.approx(0.4)   # inside: its own
+    v0 = Staged._suffix_value(Tree, values, value, (sfx, at, cur), 0)
+    assert v0 == pytest.approx(values.child(1.0, 0.1)) and v0 < 0.8      # outside the top-3: capped
+    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 2) == pytest.approx(0.4)   # inside: its own
     cur[0] = v0                                                          # it went back to the heap
-    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(v0 * 0.7 / 0.8)
+    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 1) == pytest.approx(v0 * 0.7 / 0.8)
     at[0], value[3] = 3, 0.5                                             # now node 3 (unfed) of value 0.5
-    assert Staged._suffix_value(Tree, budget, value, (sfx, at, cur), 1) == pytest.approx(0.5 * 0.7 / 0.8)
+    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 1) == pytest.approx(0.5 * 0.7 / 0.8)
 
 
 @pytest.mark.parametrize("matched", [MIX_MATCH - 1, MIX_MATCH])

@@ -57,7 +57,7 @@ def make(name: str, bigram: str | None = None):
         "gsd-auto": lambda: GSD(top_k=3, sibling_ratio=0.05, confidence=0.05, repeat=0, max_budget=8, max_depth=3,
                                 max_draft_nodes=16),
         # CPU-like costs: the policy cuts chains and trees short, often after one node; a cut decided by
-        # the sampled token itself would bias the output (budget.draw_value: decided before the draw)
+        # the sampled token itself would bias the output (Values.drawn: decided before the draw)
         "chain-auto-cpu": lambda: ChainSpeculative(max_k=3),
         "dyspec-heap-auto-cpu": lambda: DySpec("heap", max_budget=6, batch=2, max_depth=3),
         # suffix tries: the request's own history, then with a global trie that every earlier sample fed

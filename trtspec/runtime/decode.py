@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .budget import Budget, FixedBudget
+from .budget import Budget, FixedBudget, Values
 from .grammar import GrammarState
 from .logits import TokenLogprob
 from .prefix_cache import PrefixStore
@@ -41,6 +41,7 @@ class DecodeState:
     steps: list[StepStats] = field(default_factory=list)
     record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
     budget: Budget = field(default_factory=FixedBudget)
+    values: Values = field(default_factory=lambda: Values(calibrated=False))   # how proposers score nodes (budget/values.py)
     strategy_state: dict = field(default_factory=dict)   # what a strategy keeps for this request (by name)
     prompt_len: int = 0                  # seq[:prompt_len] is the prompt (penalties, min_tokens count the rest)
     stop_ids: frozenset[int] = frozenset()

@@ -61,6 +61,7 @@ class DraftTree:
         self.anc[0, 0] = True
         self.row_owner: list[int] = [0] * len(self.pending)       # pending rows are the root's prefix
         self.forwards = 0
+        self.forward_rows: list[int] = []                          # rows of each draft forward (the budget's facts)
         self.reviewed = 0                                          # chain tokens offered for review
         self.review_kept = 0                                       # ... and kept by the draft
 
@@ -72,7 +73,7 @@ class DraftTree:
         yield from st.draft_catch_up()
         tree = cls(st, capacity, top_k)
         logits = yield from tree.runner.extend(tree.pending)      # feeds the root
-        st.budget.opened(len(tree.pending))
+        tree.forward_rows.append(len(tree.pending))
         tree.row[0] = len(tree.pending) - 1
         dists = tree._dist(logits, [0])
         tree.probs[0] = dists[0]
@@ -167,6 +168,7 @@ class DraftTree:
         pos = torch.from_numpy(self.base_pos + self.depth[idx])
         logits = yield from self.runner.run(toks, pos, torch.from_numpy(mask))
         self.forwards += 1
+        self.forward_rows.append(len(batch))
         dists = self._dist(logits, batch)
         for i, node in enumerate(batch):
             self.row[node] = scratch + i
@@ -226,9 +228,10 @@ class DraftTree:
         """The sequence as it would read with `node` accepted: emitted tokens + the path to node."""
         return np.concatenate([self.st.tokens(), self.path(node)[1:]])
 
-    def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None,
-                 **stats) -> Proposal:
+    def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None, *,
+                 values: list[float] | None = None, **stats) -> Proposal:
         """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row.
+        `values`: what its nodes are worth, in the order they joined it (Proposal.values).
         `path_flags`: {record name: node flag ("reviewed", "borrowed")} the step reports as whether
         the accepted path has a flagged node."""
         target_tree, sel = self.token_tree(nodes)
@@ -237,7 +240,7 @@ class DraftTree:
         return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
                         nodes={"reviewed": self.reviewed_mask(sel), "borrowed": flags["borrowed"].tolist()},
                         stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()},
-                        source=self.source[sel].copy())
+                        source=self.source[sel].copy(), values=values or [], forward_rows=self.forward_rows)
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a

@@ -14,6 +14,9 @@ verifies or commits.
   no node at all). The step reports the mix (`sources`: proposed and accepted nodes per drafter)
   and budget: auto calibrates each drafter's scores apart (`node_q()` holds the draft's
   probability for a model node, the empirical probability for a suffix node).
+- `values`: what the tree's nodes are worth (budget.Values), in the order they joined it, and
+  `forward_rows`: the rows of each draft forward the step ran (the first opened the tree): the
+  facts budget: auto sizes by and learns from (`Budget.observe`).
 - `nodes`: per-node flags kept with a recorded tree (`--show-tree`); `stats`: the step's
   strategy-specific numbers; `path_flags`: per-node flags reported as whether the accepted path
   has one (e.g. `merged_path`).
@@ -47,6 +50,8 @@ class Proposal:
     stats: dict = field(default_factory=dict)
     path_flags: dict[str, np.ndarray] = field(default_factory=dict)
     source: np.ndarray | None = None
+    values: list[float] = field(default_factory=list)
+    forward_rows: list[int] = field(default_factory=list)
 
     def sources(self, path: np.ndarray) -> dict[str, list[int]]:
         """{drafter: [nodes proposed, nodes accepted]} of this tree (root excluded), once `path` is known."""

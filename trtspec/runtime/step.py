@@ -66,7 +66,6 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
                          "path": path.tolist(), "next_token": nxt, **proposal.nodes}
         if proposal.source is not None:
             extra["tree"]["source"] = proposal.source.tolist()
-    extra.update(st.budget.observe(len(tree), path, tree.host_parents, proposal.node_q, len(emitted),
-                                   draft_s + verify_s, proposal.source))
+    extra.update(st.budget.observe(proposal, path, len(emitted), draft_s + verify_s))
     st.steps.append(StepStats(len(tree), len(path) - 1, proposal.draft_forwards, draft_s, verify_s, extra))
     return emitted, path

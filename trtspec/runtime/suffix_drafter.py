@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import Round
 from .decode import DecodeState
 from .proposal import SUFFIX, Proposal
 from .suffix import Suffixes, continuations, match, store
@@ -69,7 +70,7 @@ class SuffixDrafter:
         own, shared = st.strategy_state.get(NAME), self._store(st)
         if own is None:
             own = st.strategy_state[NAME] = Suffixes(self.depth)
-            f = getattr(st.budget, "f_suffix", None)          # budget auto (a fixed budget has none)
+            f = st.values.f_suffix                           # calibrated values only (budget auto)
             if shared is not None and f is not None:
                 with shared.lock:
                     f.carry(shared.calibration, CARRY)
@@ -103,17 +104,14 @@ class SuffixDrafter:
         """The candidates alone as the step's tree: the prefix of them (best first) that maximises the
         step's expected rate by the budget, if that beats the batch all at ar (all of them with a
         fixed budget)."""
-        budget = st.budget
-        cands = cands[: budget.take_free([c.value for c in cands])]
-        for c in cands:
-            budget.add(c.value)
+        cands = cands[: st.budget.plan(Round(known=[c.value for c in cands], free=True)).take]
         tree = TokenTree([st.root] + [c.token for c in cands], [-1] + [c.parent + 1 for c in cands])
         node_q = np.array([np.nan] + [c.prob for c in cands])
         return Proposal(tree, node_q=lambda: node_q, stats={"suffix_match": matched},
-                        source=np.full(len(tree), SUFFIX, dtype=np.int64))
+                        source=np.full(len(tree), SUFFIX, dtype=np.int64), values=[c.value for c in cands])
 
     def _grow(self, st: DecodeState, trees, cap: int) -> tuple[int, list[Candidate]]:
-        budget = st.budget
+        values = st.values
         matched, nodes = match(trees, st.tokens(), self.max_match)
         out: list[Candidate] = []
         heap: list = []
@@ -125,7 +123,7 @@ class SuffixDrafter:
                 return
             trust = 1 - MATCH_DOUBT ** (matched + depth - 1)
             for tok, p, kids in continuations(under)[: self.width]:
-                v = budget.value(value, p * trust, suffix=True)
+                v = values.child(value, p * trust, suffix=True)
                 if v >= self.min_prob:
                     heapq.heappush(heap, (-v, next(order), parent, tok, p * trust, kids, depth))
 
@@ -148,7 +146,7 @@ class SuffixDrafter:
         seed = st.strategy_state.get(SEED)
         if seed is not None:
             with shared.lock:
-                shared.calibration.absorb(st.budget.f_suffix, seed, KEEP)
+                shared.calibration.absorb(st.values.f_suffix, seed, KEEP)
 
 
 def _follow(trees, context, max_match: int, n: int) -> list[int]:

@@ -20,22 +20,24 @@ at all is the ar gate's call (gate.py).
 P(node accepted) = product over its path of f(q) (acceptance.py). The budget decides which tree is
 verified, never how: verification is the same exact rule, so the output is lossless whatever tree
 it chooses from the past. One rule keeps sampling exact: a child that is SAMPLED (chain, dyspec
-under temperature) joins the tree or not before it is drawn (`draw_value`), never by which token it
+under temperature) joins the tree or not before it is drawn (`Values.drawn`), never by which token it
 turned out to be. Tests: every strategy with budget auto equals ar (greedy) and passes chi-square.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..costs import CostModel
-from ..proposal import SUFFIX
-from .acceptance import Acceptance
 from .batch_costs import BatchCosts, BatchView
-from .gate import EMA, ArGate
+from .gate import ArGate
+from .plan import Plan, Round
 from .records import step_record
+from .values import Values
+
+if TYPE_CHECKING:
+    from ..proposal import Proposal
 
 HOPE_TOP1 = 0.9        # a step drafts only if a chain this good (each node accepted w.p. 0.9 given its
 HOPE_FORWARDS = 8      # parent, or the request's own top-1 rate if higher, up to 8 draft forwards) could pay
@@ -43,24 +45,25 @@ FREE_EMA = 0.15        # weight of the newest step in the running gain of steps 
 
 
 class AutoBudget:
-    """One request's budget (lives in its DecodeState): begin() a step, then worth()/add() nodes,
-    worth_feeding() a draft forward, draft_forward() when one runs; the shared step calls observe()."""
+    """One request's budget (lives in its DecodeState): the shared step begin()s a step, its proposer
+    asks plan() each round (what to take, whether to feed), the shared step observe()s the outcome.
+    It sizes; `values` (the request's Values, which observe() calibrates) score."""
     adaptive = True
 
     def __init__(self, costs: CostModel, max_nodes: int, batch: BatchView | None = None, request: int = 0,
-                 left: int | None = None):
+                 left: int | None = None, values: Values | None = None):
         self.max_nodes = max_nodes
         self.left = left                    # tokens this request may still emit (None: unbounded)
         self.catch_up_s = 0.0               # this step: the draft's catch-up forward, if it must make one
         self.free_gain = 1.0                # running gain over ar of this request's steps with no draft forward
         self.costs = BatchCosts(costs, batch or BatchView(), request)
         self.gate = ArGate()
-        self.f = Acceptance()               # the draft model's probabilities (and reviewed chains')
-        self.f_suffix = Acceptance()        # a suffix trie's empirical probabilities: calibrated apart
-        self.top1 = 0.5                     # running f(top-1 probability) at fed nodes
+        self.values = values or Values()
         self.last_expected = 1.0            # expected emitted tokens of this request's last step
-        self.rounds: list[int] = []         # this step's draft forwards so far (tokens each)
-        self.draft_s, self.expected, self.nodes = 0.0, 0.0, 0
+        # The step so far, as the last Round told it (`_sync`): its draft forwards (tokens each, as
+        # charged), their seconds on top of the neighbours' (`base_s`), its nodes and their values' sum.
+        self.rounds: list[int] = []
+        self.base_s, self.draft_s, self.expected, self.nodes = 0.0, 0.0, 0.0, 0
 
     def expected_emitted(self) -> float:
         """This request's expected emitted tokens in its last step (the scheduler's batch view)."""
@@ -71,8 +74,8 @@ class AutoBudget:
         """Start a step after `cached` committed tokens, the draft `behind` tokens short of them (it
         catches up when a tree opens); False = make it a plain ar step."""
         self.costs.cached = cached
-        self.expected, self.nodes, self.rounds = 0.0, 0, []
-        self.draft_s = self.costs.neighbours_draft_s()
+        self.base_s = self.costs.neighbours_draft_s()
+        self._sync((), ())
         # more than the usual lag of a drafted step (its last emitted tokens): a forward of its own
         self.catch_up_s = self.costs.padded("draft", [behind]) if behind > 2 and self.costs.model.draft else 0.0
         return self.gate.decide(self.could_pay, self.costs.rows())
@@ -95,8 +98,8 @@ class AutoBudget:
         suffix trees gain 1.4x ar does not prefill a draft that could at best gain 1.05x (measured on
         repeated JSON requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3
         draft tokens). A draft that is current is weighed against the suffix tree step by step
-        (`worth_feeding`), with no such bar."""
-        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.top1, HOPE_TOP1), per_token=self._catch_up())
+        (a Round that asks to feed), with no such bar."""
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.values.top1, HOPE_TOP1), per_token=self._catch_up())
         bar = self.costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
         return max(rates[1:]) > max(rates[0], bar)
 
@@ -105,46 +108,30 @@ class AutoBudget:
         must make one: that forward shared out over the tokens the request has left."""
         return self.catch_up_s / max(self.left, 1) if self.catch_up_s and self.left is not None else 0.0
 
-    def opened(self, pending: int) -> None:
-        """The draft forward that opens a tree over the `pending` tokens the draft has not seen. After
-        ar steps those are many, once: charged as the usual lag of 2, so that catching up does not
-        make the probe step look worse than drafting is."""
-        self.draft_forward(min(pending, 2))
+    def plan(self, r: Round) -> Plan:
+        """The answer to one round's question (plan.Round): whether to feed, or how many to take."""
+        self._sync(r.tree, r.forwards)
+        if r.rows:
+            return Plan(feed=self._worth_feeding(list(r.known), list(r.feed), r.rows, r.ahead))
+        if r.free:
+            return Plan(take=self._take_free(list(r.known)))
+        return Plan(take=self._take(list(r.known), r.width, r.ahead))
 
-    def draft_forward(self, tokens: int) -> None:
-        self.draft_s += self.costs.draft_marginal(tokens, len(self.rounds))
-        self.rounds.append(tokens)
+    def _sync(self, tree, forwards) -> None:
+        """The step so far from the proposer's facts: the tree's node values (in the order they joined)
+        and its draft forwards' rows. The forward that opened the tree fed the tokens the draft had not
+        seen; after ar steps those are many, once: charged as the usual lag of 2, so that catching up
+        does not make the probe step look worse than drafting is."""
+        self.expected, self.nodes = 0.0, len(tree)
+        for v in tree:
+            self.expected += v
+        self.draft_s, self.rounds = self.base_s, []
+        for i, rows in enumerate(forwards):
+            tokens = min(rows, 2) if i == 0 else rows
+            self.draft_s += self.costs.draft_marginal(tokens, i)
+            self.rounds.append(tokens)
 
-    def value(self, parent_value: float, q: float, suffix: bool = False) -> float:
-        """A child's value: its parent's times the calibrated acceptance of its score `q` (the draft's
-        probability, or with `suffix` a suffix trie's empirical one)."""
-        return parent_value * (self.f_suffix if suffix else self.f)(q)
-
-    def draw_value(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
-        """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
-        sampled child joins the tree must not depend on which token it is (verification would no
-        longer be exact), so the decision uses this expectation, made before the draw."""
-        return parent_value * self.f.expected(draw, q)
-
-    def saw_top1(self, q) -> None:
-        """A fed node's top-1 draft probability (a float, or a device scalar read here)."""
-        self.top1 = (1 - EMA) * self.top1 + EMA * self.f(float(q))
-
-    def worth(self, v: float, ahead: int = 0) -> bool:
-        """Does a node of value v raise the step's expected rate, alone or (`ahead` > 0) with the
-        chain of up to `ahead` more draft forwards it would open (see `_ahead`)?"""
-        if self._worth(v):
-            return True
-        return ahead > 0 and max(self._ahead([v], [v], 1, ahead)) > self.costs.rate(self.expected, self.nodes, self.draft_s)
-
-    def _worth(self, v: float) -> bool:
-        if self.nodes >= self.max_nodes:
-            return False
-        c = self.costs
-        dv = c.verify_s(self.nodes + 1) - c.verify_s(self.nodes)
-        return v * (self.draft_s + c.verify_s(self.nodes)) > (c.others()[1] + 1 + self.expected) * dv
-
-    def take(self, values: list[float], width: int = 0, ahead: int = 0) -> int:
+    def _take(self, values: list[float], width: int = 0, ahead: int = 0) -> int:
         """How many of the known candidates (values, best first) to add now: the prefix that maximises
         the step's rate. Not a marginal stop at the first loss: measured CPU costs have steps (GEMM
         blocking: 4 -> 8 tokens can cost less than 1 -> 2), so a longer prefix may pay where a shorter
@@ -156,7 +143,7 @@ class AutoBudget:
             return len(front)
         return k
 
-    def take_free(self, values: list[float]) -> int:
+    def _take_free(self, values: list[float]) -> int:
         """How many of the candidates of a tree that costs no draft forward (a suffix tree) to verify:
         the best prefix, and none unless it beats the batch with everyone at ar. Each request
         judging its tree against its neighbours' last trees alone would find their padding already
@@ -176,11 +163,7 @@ class AutoBudget:
                 best, best_rate = k, r
         return best, best_rate
 
-    def add(self, v: float) -> None:
-        self.expected += v
-        self.nodes += 1
-
-    def worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
+    def _worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
         """One more draft forward over `tokens` rows (feeding the nodes of values `fed`): worth it if the
         best tree reachable with it and up to `ahead` - 1 more forwards (`_ahead`) beats the best of
         the known `candidates` without it. The forward that would open the tree (none ran yet this
@@ -199,7 +182,7 @@ class AutoBudget:
         1-token one), so a deep tree that pays is never reached one unprofitable node at a time.
         `top1` replaces the running estimate (could_pay's optimistic draft); `per_token`: seconds
         charged per emitted token of a drafted step (could_pay's catch-up)."""
-        top1 = self.top1 if top1 is None else top1
+        top1 = self.values.top1 if top1 is None else top1
         values = sorted(known, reverse=True)
         draft_s, rates = self.draft_s, []
         for k in range(forwards + 1):
@@ -211,20 +194,12 @@ class AutoBudget:
         return rates
 
     # -- after verification -----------------------------------------------------------------------
-    def observe(self, tree_size: int, path: np.ndarray, parents: np.ndarray, node_q: Callable[[], np.ndarray] | None,
-                emitted: int, seconds: float, source: np.ndarray | None = None) -> dict:
-        """Calibrate f on the children of accepted nodes (`node_q()`: each node's score given its
-        parent, NaN where none; `source`: who proposed it, so suffix scores calibrate f_suffix), update
-        the gate; returns the step's record."""
-        on_path = np.zeros(tree_size, dtype=bool)
-        on_path[path] = True
-        q = node_q() if node_q is not None and tree_size > 1 else None
-        if q is not None:
-            tested = (parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q)
-            sfx = np.zeros(tree_size, dtype=bool) if source is None else np.asarray(source) == SUFFIX
-            for f, mine in ((self.f, tested & ~sfx), (self.f_suffix, tested & sfx)):
-                if mine.any():
-                    f.update(q[mine], on_path[mine])
+    def observe(self, proposal: Proposal, path: np.ndarray, emitted: int, seconds: float) -> dict:
+        """The step's outcome: the tree verified (`proposal`, as the step sent it), its accepted `path`.
+        Calibrates the request's Values, updates the gate; returns the step's record."""
+        tree_size = len(proposal.tree)
+        self._sync(proposal.values, proposal.forward_rows)
+        self.values.calibrate(tree_size, path, proposal.tree.host_parents, proposal.node_q, proposal.source)
         ar = self.costs.all_ar_rate()
         if self.left is not None:
             self.left -= emitted

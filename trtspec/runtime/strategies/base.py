@@ -4,9 +4,10 @@ A strategy is a proposer. `propose(state)` drafts however it likes and returns a
 token tree the target verifies and, for a draft model, which draft KV row belongs to each node. It
 is a coroutine of model calls (runner.py): every draft forward is `yield from`, so the scheduler
 can batch the calls of many requests. The shared step (step.py) then verifies, commits the target
-and draft caches, and reports; no strategy verifies or commits. Sizing decisions go to the request's
-budget (`state.budget`: fixed or auto, always present). A strategy object holds options only;
-per-request state lives in the DecodeState it is given.
+and draft caches, and reports; no strategy verifies or commits. Candidates are scored with the
+request's `state.values` and sizing questions go to its budget, `state.budget.plan(Round(...))`
+(fixed or auto, always present; budget/). A strategy object holds options only; per-request state
+lives in the DecodeState it is given.
 
 Options are the `__init__` parameters, typed and bounded with `trtspec.options` aliases; every
 construction (from a config or from Python) is checked, and a bad option is one ConfigError line

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ...options import Budget, TreeSize
+from ..budget import Round
 from ..decode import DecodeState
 from ..proposal import Proposal
 from ..runner import Calls
@@ -38,14 +39,14 @@ class ChainSpeculative(Strategy):
         The draft cache may lag the sequence by a token or two (the bonus token, or the last draft
         whose KV was never computed), so the first call feeds every pending token with the root.
         Draft row of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
-        runner, budget, greedy = st.draft, st.budget, st.sampling.greedy
+        runner, budget, values, greedy = st.draft, st.budget, st.values, st.sampling.greedy
         f0 = runner.forwards
         yield from st.draft_catch_up()
         pending = st.pending()
         logits = yield from runner.extend(pending)
-        budget.opened(len(pending))
+        forwards = [len(pending)]                  # rows of each draft forward (the budget's facts)
         drafts: list[int] = []
-        qs, probs = [], []
+        qs, probs, joined = [], [], []
         value, fed = 1.0, 0
         for i in range(self.nodes):
             ahead = self.nodes - i - 1
@@ -54,30 +55,31 @@ class ChainSpeculative(Strategy):
                 q = torch.softmax(logits[-1].float(), -1)
                 top, tok = torch.stack([q.max(), logits[-1].argmax().to(q.dtype)]).tolist()  # ids < 2^24
                 tok = int(tok)
-                budget.saw_top1(top)
-                v = budget.value(value, top)
-            else:                       # decided before the draw (budget.draw_value), then drawn
+                values.saw_top1(top)
+                v = values.child(value, top)
+            else:                       # decided before the draw (Values.drawn), then drawn
                 q = st.draft_probs(logits[-1:])[0]
-                budget.saw_top1(q.max())           # a device scalar: only budget auto reads it
-                v = budget.draw_value(value, q, q)
-            if not budget.worth(v, ahead):
+                values.saw_top1(q.max())           # a device scalar: only calibrated values read it
+                v = values.drawn(value, q, q)
+            if not budget.plan(Round(joined, forwards, [v], width=1, ahead=ahead)).take:
                 break
-            budget.add(v)
+            joined.append(v)
             value = v
             if not greedy:
                 tok = sample(q, st.gen)            # the draft step's one host read
                 qs.append(q)
             probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)
-            if i == self.nodes - 1 or not budget.worth_feeding([], [value], 1, ahead):
+            if i == self.nodes - 1 or not budget.plan(Round(joined, forwards, feed=[value], rows=1, ahead=ahead)).feed:
                 break
             logits = yield from runner.extend([tok])
             fed += 1
-            budget.draft_forward(1)
+            forwards.append(1)
         q_rows = None
         if qs:  # row 0 (the root) is never verified against q
             q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs)
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
         return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), runner.forwards - f0,
-                        lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())))
+                        lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())),
+                        values=joined, forward_rows=forwards)

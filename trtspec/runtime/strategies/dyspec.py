@@ -25,6 +25,7 @@ import torch
 from pydantic import Field
 
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
+from ..budget import Round
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..runner import Calls
@@ -47,23 +48,23 @@ class DySpec(Strategy):
 
     def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor, value: dict):
         """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
-        budget finds the child not worth verifying. `value`: the nodes' values."""
-        budget, greedy = st.budget, st.sampling.greedy
+        budget finds the child not worth verifying. `value`: the nodes' values, in the order they
+        joined the tree."""
+        greedy = st.sampling.greedy
         ahead = self.max_depth - int(tree.depth[parent]) - 1     # draft forwards still possible below it
         if greedy:                  # the draw is the argmax, valued by its own draft probability: one read
             y = residual.argmax()
             y, ry, qy = torch.stack([y.to(residual.dtype), residual[y], tree.probs[parent][y]]).tolist()
             y = int(y)                                  # token ids < 2^24: exact in float32
-            v = budget.value(value[parent], qy)
-            if not budget.worth(v, ahead):
+            v = st.values.child(value[parent], qy)
+            if not self._pays(st, tree, value, v, ahead):
                 return None
-        else:                       # decided before the draw (budget.draw_value), then drawn
-            v = budget.draw_value(value[parent], residual, tree.probs[parent])
-            if not budget.worth(v, ahead):
+        else:                       # decided before the draw (Values.drawn), then drawn
+            v = st.values.drawn(value[parent], residual, tree.probs[parent])
+            if not self._pays(st, tree, value, v, ahead):
                 return None
             y = int(torch.multinomial(residual, 1, generator=st.gen))
             ry = float(residual[y])
-        budget.add(v)
         node = tree.add(parent, y, q=None if greedy else residual.clone())
         value[node] = v
         rest = residual.clone()
@@ -71,31 +72,38 @@ class DySpec(Strategy):
         total = float(rest.sum())
         return node, ry, (rest / total if total > 0 else None)
 
+    @staticmethod
+    def _pays(st: DecodeState, tree: DraftTree, value: dict, v: float, ahead: int) -> bool:
+        """Does a child of value v join the tree (the budget's plan for it alone, with the chain of up
+        to `ahead` more draft forwards it would open)?"""
+        return st.budget.plan(Round(_joined(value), tree.forward_rows, [v], width=1, ahead=ahead)).take > 0
+
     def propose(self, st: DecodeState) -> Calls:
         tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
-        st.budget.saw_top1(tree.top[0][0][0])
+        st.values.saw_top1(tree.top[0][0][0])
+        value = {0: 1.0}                        # each node's value, in the order it joined (the root first)
         if self.variant == "heap":
-            yield from self._heap(st, tree)
+            yield from self._heap(st, tree, value)
         else:
-            yield from self._threshold(st, tree)
-        return tree.proposal()
+            yield from self._threshold(st, tree, value)
+        return tree.proposal(values=_joined(value))
 
-    def _heap(self, st: DecodeState, tree: DraftTree) -> Calls:
+    def _heap(self, st: DecodeState, tree: DraftTree, value: dict) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
-        budget, value = st.budget, {0: 1.0}
+        budget = st.budget
         heap = [(-1.0, 0, 0, tree.probs[0])]
         count, added = 1, 0
         while heap and added < self.nodes:
             slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.nodes - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
             if unfed:
-                fed_slots = [value[parent] * budget.top1 for _, _, parent, res in slots if res is not None]
-                if budget.worth_feeding(fed_slots, [value[n] for n in unfed], len(unfed),
-                                        ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed)):
-                    budget.draft_forward(len(unfed))
+                fed_slots = [value[parent] * st.values.top1 for _, _, parent, res in slots if res is not None]
+                r = Round(_joined(value), tree.forward_rows, fed_slots, [value[n] for n in unfed], len(unfed),
+                          ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed))
+                if budget.plan(r).feed:
                     yield from tree.feed(unfed)
                     for n in unfed:
-                        budget.saw_top1(tree.top[n][0][0])
+                        st.values.saw_top1(tree.top[n][0][0])
                 else:                                   # budget auto: their children are not worth a forward
                     slots = [sl for sl in slots if sl[3] is not None]
             for neg, _, parent, res in slots:
@@ -114,16 +122,15 @@ class DySpec(Strategy):
                     heapq.heappush(heap, (-(v * ry), count, node, None))
                     count += 1
 
-    def _threshold(self, st: DecodeState, tree: DraftTree) -> Calls:
-        budget, value = st.budget, {0: 1.0}
+    def _threshold(self, st: DecodeState, tree: DraftTree, value: dict) -> Calls:
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
             if depth > 0:
-                if not budget.worth_feeding([], [value[n] for n, _ in leaves], len(leaves),
-                                            ahead=self.max_depth - depth):
+                r = Round(_joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves], rows=len(leaves),
+                          ahead=self.max_depth - depth)
+                if not st.budget.plan(r).feed:
                     return
-                budget.draft_forward(len(leaves))
                 yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer
             new = []
             for node, v in leaves:
@@ -139,3 +146,8 @@ class DySpec(Strategy):
             leaves = [(n, v) for n, v in new if v > self.threshold]   # only these can grow children
             if not leaves or added >= self.nodes:
                 break
+
+
+def _joined(value: dict) -> list[float]:
+    """The values of the tree's nodes (the root's left out), in the order they joined it."""
+    return list(value.values())[1:]

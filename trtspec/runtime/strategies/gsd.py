@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
+from ..budget import Round
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..runner import Calls
@@ -87,7 +88,7 @@ class GSD(Strategy):
         return False
 
     def propose(self, st: DecodeState) -> Calls:
-        budget = st.budget
+        budget, values = st.budget, st.values
         tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
         path_p = {0: 1.0}                       # each node's value: its (calibrated) path probability
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
@@ -96,15 +97,15 @@ class GSD(Strategy):
         for depth in range(self.max_depth):
             if depth > 0:
                 # its nodes join the tree at the end (_unroll): all of them are known candidates
-                if not budget.worth_feeding([v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
-                                            len(frontier), ahead=self.max_depth - depth):
+                r = Round((), tree.forward_rows, [v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
+                          len(frontier), ahead=self.max_depth - depth)
+                if not budget.plan(r).feed:
                     break
-                budget.draft_forward(len(frontier))
                 yield from tree.feed(frontier)
             new = []
             for node in frontier:
                 probs, toks = tree.top[node]       # read with the forward that fed it
-                budget.saw_top1(probs[0])
+                values.saw_top1(probs[0])
                 for prob, tok in zip(probs, toks):
                     if prob < self.sibling_ratio * probs[0] or tree.size >= self.max_draft_nodes:
                         continue
@@ -114,20 +115,21 @@ class GSD(Strategy):
                         merges += 1
                         continue
                     child = tree.add(node, tok)
-                    path_p[child] = budget.value(path_p[node], prob)
+                    path_p[child] = values.child(path_p[node], prob)
                     confident[child] = confident[node] and prob >= self.confidence
                     new.append(child)
             if not any(confident[c] for c in new):
                 break
             frontier = new
-        return tree.proposal(self._unroll(tree, merged, budget), path_flags={"merged_path": "borrowed"},
-                             merges=merges)
+        keep, joined = self._unroll(st, tree, merged)
+        return tree.proposal(keep, path_flags={"merged_path": "borrowed"}, values=joined, merges=merges)
 
-    def _unroll(self, tree: DraftTree, merged: dict[int, list[int]], budget) -> list[int]:
+    def _unroll(self, st: DecodeState, tree: DraftTree, merged: dict[int, list[int]]) -> tuple[list[int], list[float]]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
         as the BFS reaches it) as a `borrowed` node, so the target sees a tree of distinct prefixes.
-        The tree is the best-value prefix the budget takes (`take`; all of it when fixed): a
-        child's value never exceeds its parent's, so the prefix keeps every kept node's parent."""
+        The tree is the best-value prefix the budget takes (all of it when fixed): a child's value
+        never exceeds its parent's, so the prefix keeps every kept node's parent. Returns the kept
+        nodes and their values (the root's left out)."""
         dag = {g: tree.children(g).tolist() for g in range(tree.size)}   # before copies are added
         plan = [(-1, 0, 1.0)]                    # (parent entry, DAG node, value) in BFS order
         queue = deque([0])
@@ -137,17 +139,18 @@ class GSD(Strategy):
             for c in dag[g] + merged.get(g, []):
                 if len(plan) > self.nodes:
                     break
-                cv = budget.value(v, tree.prob(g, int(tree.tokens[c])))
+                cv = st.values.child(v, tree.prob(g, int(tree.tokens[c])))
                 plan.append((i, c, cv))
                 queue.append(len(plan) - 1)
         # best value first, stable: a parent (earlier in BFS) before an equal child; then back in BFS order
         chosen = sorted(range(1, len(plan)), key=lambda j: -plan[j][2])
-        chosen = sorted(chosen[: budget.take([plan[j][2] for j in chosen])])
-        node_of, keep = {0: 0}, [0]
+        take = st.budget.plan(Round((), tree.forward_rows, [plan[j][2] for j in chosen])).take
+        chosen = sorted(chosen[:take])
+        node_of, keep, joined = {0: 0}, [0], []
         for j in chosen:
             i, c, cv = plan[j]
             g, t = plan[i][1], node_of[i]
             node_of[j] = c if t == g and c in dag[g] else tree.add(t, int(tree.tokens[c]), borrowed=True)
             keep.append(node_of[j])
-            budget.add(cv)
-        return keep
+            joined.append(cv)
+        return keep, joined

@@ -32,6 +32,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
+from ..budget import Round, Values
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
@@ -81,29 +82,30 @@ class Staged(Strategy):
     def max_draft_rows(self) -> int:
         return self.max_tree_size() - 1        # fed nodes + reviewed stage-2 tokens
 
-    def _push(self, heap: list, order, tree: DraftTree, node: int, value: float, budget) -> None:
+    def _push(self, heap: list, order, tree: DraftTree, node: int, value: float, values: Values) -> None:
         """Candidate children of a fed node, keyed by value (max-heap via -value): the cumulative
         draft probability, or with budget auto the calibrated probability of acceptance."""
         probs, toks = tree.top[node]               # read with the forward that fed it
         have = set(tree.tokens[tree.children(node)].tolist())
-        budget.saw_top1(probs[0])
+        values.saw_top1(probs[0])
         for prob, tok in zip(probs, toks):
-            v = budget.value(value, prob)
+            v = values.child(value, prob)
             if tok not in have and v >= self.min_prob:
                 heapq.heappush(heap, (-v, next(order), node, tok, None))
 
     def propose(self, st: DecodeState) -> Calls:
-        budget = st.budget
+        budget, values = st.budget, st.values
         matched, sfx = self.suffix.candidates(st, self.nodes) if self.suffix else (0, [])
-        if sfx and not budget.worth_feeding([c.value for c in sfx], _draft_frontier(sfx), 2, self.max_rounds):
+        if sfx and not budget.plan(Round(known=[c.value for c in sfx], feed=_draft_frontier(sfx), rows=2,
+                                         ahead=self.max_rounds)).feed:
             return self.suffix.tree(st, matched, sfx)        # no draft forward pays: suffix drafts alone
         if matched < MIX_MATCH:
             sfx = []                                         # the draft's tree: no short-match guesses in it
         tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
         order = itertools.count()                  # heap ties: the earlier candidate first
-        value = {0: 1.0}
+        value = {0: 1.0}                           # each node's value, in the order it joined (the root first)
         heap: list = []
-        self._push(heap, order, tree, 0, 1.0, budget)
+        self._push(heap, order, tree, 0, 1.0, values)
         for i, c in enumerate(sfx):                # parents first, never valued above them: popped first
             heapq.heappush(heap, (-c.value, next(order), None, c.token, i))
         at = [0] * len(sfx)                        # the tree node each popped suffix candidate became
@@ -111,8 +113,9 @@ class Staged(Strategy):
         added = 0
         for rnd in range(self.max_rounds):
             ahead = self.max_rounds - rnd - 1
-            take = budget.take(sorted(-c[0] for c in heap)[::-1], self.width, ahead)
-            new = self._pick(heap, order, tree, min(take, self.nodes - added), budget, value, (sfx, at, cur))
+            r = Round(_joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width, ahead=ahead)
+            new = self._pick(heap, order, tree, min(budget.plan(r).take, self.nodes - added), values, value,
+                             (sfx, at, cur))
             if not new:
                 break
             added += len(new)
@@ -120,17 +123,18 @@ class Staged(Strategy):
                 break                                   # leaves: never fed
             chains = self._stage2(st, tree, new[0])
             fed_rows = len(new) + sum(len(c) for c in chains.values())
-            if not budget.worth_feeding([-c[0] for c in heapq.nsmallest(self.width, heap)],
-                                        [value[n] for n in new], fed_rows, ahead):
+            r = Round(_joined(value), tree.forward_rows, [-c[0] for c in heapq.nsmallest(self.width, heap)],
+                      [value[n] for n in new], fed_rows, ahead=ahead)
+            if not budget.plan(r).feed:
                 break
-            budget.draft_forward(fed_rows)
             for node in (yield from tree.feed(new, chains)):
-                if node in value or self._keep_reviewed(tree, node, value, budget):
-                    self._push(heap, order, tree, node, value[node], budget)
-        return tree.proposal(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
+                if node in value or self._keep_reviewed(st, tree, node, value):
+                    self._push(heap, order, tree, node, value[node], values)
+        return tree.proposal(values=_joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
                              suffix_match=matched)
 
-    def _pick(self, heap: list, order, tree: DraftTree, room: int, budget, value: dict, suffix: tuple) -> list[int]:
+    def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict,
+              suffix: tuple) -> list[int]:
         """The best candidates off the heap, added to the tree (new node ids): up to `room` of them,
         at most `width` drafted by the model (suffix candidates cost no forward to find, so a suffix
         chain can join in one round and be fed at once). A draft candidate whose token is already
@@ -147,7 +151,7 @@ class Staged(Strategy):
                 held.append(item)
                 continue
             if cand is not None:
-                v = self._suffix_value(tree, budget, value, suffix, cand)
+                v = self._suffix_value(tree, values, value, suffix, cand)
                 if v < -neg or (sfx[cand].parent >= 0 and not at[sfx[cand].parent]):
                     v = min(v, -neg)
                     cur[cand] = v if v >= self.min_prob else 0.0        # dropped: its subtree goes too
@@ -166,7 +170,6 @@ class Staged(Strategy):
                 at[cand] = node
             else:
                 drafted += 1
-            budget.add(-neg)
             value[node] = -neg
             new.append(node)
         for item in held:
@@ -174,7 +177,7 @@ class Staged(Strategy):
         return new
 
     @staticmethod
-    def _suffix_value(tree: DraftTree, budget, value: dict, suffix: tuple, cand: int) -> float:
+    def _suffix_value(tree: DraftTree, values: Values, value: dict, suffix: tuple, cand: int) -> float:
         """A suffix candidate's value now: its score's chain under its parent's value now (the parent's
         node may be the draft's, or lowered), and at most what the draft allows once its parent is
         fed: a token outside the parent's top-k has at most the k-th probability there (the draft
@@ -191,7 +194,7 @@ class Staged(Strategy):
             v = value[node] * c.value / sfx[c.parent].value
         top = tree.top.get(node)
         if top is not None and c.token not in top[1]:
-            v = min(v, budget.value(value[node], min(top[0])))
+            v = min(v, values.child(value[node], min(top[0])))
         return v
 
     def _stage2(self, st: DecodeState, tree: DraftTree, best: int) -> dict[int, list[int]]:
@@ -207,17 +210,16 @@ class Staged(Strategy):
         return {best: proposal} if proposal else {}
 
     @staticmethod
-    def _keep_reviewed(tree: DraftTree, node: int, value: dict, budget) -> bool:
+    def _keep_reviewed(st: DecodeState, tree: DraftTree, node: int, value: dict) -> bool:
         """A stage-2 token the draft's review kept: in the tree if it is worth verifying (else it and
         its subtree are cut). Nodes under a cut token are not alive."""
         if not tree.alive[node]:
             return False
         parent = int(tree.parents[node])
-        v = budget.value(value[parent], tree.prob(parent, int(tree.tokens[node])))
-        if not budget.worth(v):
+        v = st.values.child(value[parent], tree.prob(parent, int(tree.tokens[node])))
+        if not st.budget.plan(Round(_joined(value), tree.forward_rows, [v])).take:
             tree.cut(node)
             return False
-        budget.add(v)
         value[node] = v
         return True
 
@@ -233,3 +235,8 @@ def _draft_frontier(sfx: list) -> list[float]:
             chain.append(c.value)
             node = i
     return [a - b for a, b in itertools.pairwise(chain)] + [chain[-1]]
+
+
+def _joined(value: dict) -> list[float]:
+    """The values of the tree's nodes (the root's left out), in the order they joined it."""
+    return list(value.values())[1:]

@@ -1,0 +1,67 @@
+"""Values: what a node is worth to one request, P(it is reached and accepted), from its drafter's score.
+
+Proposers score their candidates with these (a child's value is its parent's times the calibrated
+acceptance of its score); the budget then sizes the tree from the scored candidates (`Budget.plan`).
+Scoring and sizing are apart: a proposer never asks the budget what a token is worth, and the budget
+never reads a drafter's internals.
+
+- calibrated (budget: auto): f(q) per drafter kind (the draft model's probabilities; a suffix trie's
+  empirical ones, `f_suffix`), learned from every verified step (`calibrate`, called by the budget's
+  `observe`), and the draft's running calibrated top-1 acceptance (`top1`: what the budget's
+  look-ahead guesses a fed node's best child is worth).
+- uncalibrated (a fixed budget): a value is the cumulative draft (or suffix) probability, and a
+  sampled child is worth its parent (every node of a fixed tree is taken anyway).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..proposal import SUFFIX
+from .acceptance import Acceptance
+from .gate import EMA
+
+
+class Values:
+    def __init__(self, calibrated: bool = True):
+        self.calibrated = calibrated
+        self.f = Acceptance() if calibrated else None          # the draft model's (and reviewed chains')
+        self.f_suffix = Acceptance() if calibrated else None   # a suffix trie's empirical probabilities
+        self.top1 = 0.5 if calibrated else 1.0                 # running f(top-1 probability) at fed nodes
+
+    def child(self, parent_value: float, q: float, suffix: bool = False) -> float:
+        """A child's value: its parent's times the calibrated acceptance of its score `q` (the draft's
+        probability, or with `suffix` a suffix trie's empirical one)."""
+        if not self.calibrated:
+            return parent_value * q
+        return parent_value * (self.f_suffix if suffix else self.f)(q)
+
+    def drawn(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
+        """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
+        sampled child joins the tree must not depend on which token it is (verification would no
+        longer be exact), so the decision uses this expectation, made before the draw."""
+        if not self.calibrated:
+            return parent_value
+        return parent_value * self.f.expected(draw, q)
+
+    def saw_top1(self, q) -> None:
+        """A fed node's top-1 draft probability (a float, or a device scalar: read only when calibrated)."""
+        if self.calibrated:
+            self.top1 = (1 - EMA) * self.top1 + EMA * self.f(float(q))
+
+    def calibrate(self, tree_size: int, path: np.ndarray, parents: np.ndarray,
+                  node_q: Callable[[], np.ndarray] | None, source: np.ndarray | None = None) -> None:
+        """Learn f from the children of accepted nodes (`node_q()`: each node's score given its parent,
+        NaN where none; `source`: who proposed it, so suffix scores calibrate f_suffix)."""
+        if not self.calibrated or node_q is None or tree_size < 2:
+            return
+        on_path = np.zeros(tree_size, dtype=bool)
+        on_path[path] = True
+        q = node_q()
+        tested = (parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q)
+        sfx = np.zeros(tree_size, dtype=bool) if source is None else np.asarray(source) == SUFFIX
+        for f, mine in ((self.f, tested & ~sfx), (self.f_suffix, tested & sfx)):
+            if mine.any():
+                f.update(q[mine], on_path[mine])
