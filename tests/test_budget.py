@@ -271,6 +271,30 @@ def test_a_free_tree_must_beat_the_batch_all_at_ar():
     assert Proposer(alone).take([0.9, 0.8, 0.7], free=True) == 3
 
 
+def test_a_plan_depends_on_its_round_alone():
+    """The budget keeps no tally of its own within a step: each Round tells it the tree's values and the
+    draft forwards so far, so the same question gets the same answer whatever was asked before it
+    (the proposer's facts are the budget's only state besides what begin() and observe() set)."""
+    rng = np.random.default_rng(0)
+    rounds = []
+    for _ in range(60):
+        tree = sorted(rng.random(rng.integers(0, 6)).tolist(), reverse=True)
+        forwards = rng.integers(1, 8, rng.integers(0, 4)).tolist()
+        known = sorted((rng.random(rng.integers(1, 8)) * 0.9).tolist(), reverse=True)
+        rows = int(rng.integers(0, 2)) * int(rng.integers(1, 6))
+        rounds.append(Round(tree, forwards, known, known[:2] if rows else (), rows, width=int(rng.integers(0, 4)),
+                            ahead=int(rng.integers(0, 4)), free=bool(rng.random() < 0.2)))
+    for costs in (CPU, GPU, INT4):
+        asked = AutoBudget(costs, max_nodes=16)
+        asked.begin(256)
+        answers = [asked.plan(r) for r in rounds]                    # one budget, every question in turn
+        for r, got in zip(rounds, answers):
+            fresh = AutoBudget(costs, max_nodes=16)
+            fresh.begin(256)
+            assert fresh.plan(r) == got
+        assert {a.take for a in answers} != {0} and {a.feed for a in answers} == {True, False}
+
+
 def test_acceptance_prior_and_calibration():
     f = Acceptance()
     assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated

@@ -1,6 +1,6 @@
 """The scheduler and request lifecycle: threads submitting and cancelling, a cancelled request's slot
 freed within one step, deadlines, interleaved simple-API streams, async iteration, a failing request
-that leaves its neighbours alone, the queue limit.
+that leaves its neighbours alone, the queue limit, one host read per target phase for the whole batch.
 """
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import threading
 import pytest
 
 from conftest import make_pair
+from trtspec.runtime import scheduler as scheduler_mod
 from trtspec.runtime.generator import Generator
+from trtspec.runtime.sampling import SamplingParams
+from trtspec.runtime.scheduler import Scheduler
 from trtspec.runtime.strategies import STRATEGIES
 
 NAMES = list(STRATEGIES)
@@ -129,6 +132,37 @@ def test_a_failing_request_leaves_its_neighbours_alone(pair, monkeypatch):
         bad.result(timeout=30)
     assert [h.result(timeout=30).token_ids for h in good] == [want] * 3
     assert gen.scheduler.busy_slots == 0
+
+
+def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, monkeypatch):
+    """Every request whose tree a target phase verified gets its result (accepted node, next token)
+    from one host transfer for the whole phase (runner.read_together: one device sync, not one per
+    request), whatever its strategy and sampling; each output equals the request's own run alone (the
+    sampled one drafts a fixed chain: with `k: auto` its trees, and so its draws, follow the batch)."""
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    runs = [([1, 2, 3], "ar", SamplingParams()), ([4, 5, 6, 4, 5, 6], "staged", SamplingParams()),
+            ([7, 8], "chain:k=3", SamplingParams(temperature=0.8)), ([9, 9, 3, 9, 9], "suffix", SamplingParams())]
+    alone = [gen.generate(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16).token_ids for p, s, sp in runs]
+    transfers, phases, target = [], [], [False]
+    read_together, run = scheduler_mod.read_together, Scheduler._run
+
+    def counted(reads):                                   # (a draft round's reads are joined too)
+        if target[0]:
+            transfers.append(len(reads))
+        return read_together(reads)
+
+    def tracked(self, batcher, reqs):
+        target[0] = batcher is self.target
+        if target[0]:
+            phases.append(sum(r.call.phase == "step" for r in reqs))
+        return run(self, batcher, reqs)
+    monkeypatch.setattr(scheduler_mod, "read_together", counted)
+    monkeypatch.setattr(Scheduler, "_run", tracked)
+    handles = [gen.submit(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16) for p, s, sp in runs]
+    assert [h.result(timeout=60).token_ids for h in handles] == alone
+    assert transfers == [n for n in phases if n]          # one transfer per phase, of every tree it verified
+    assert max(transfers) == len(runs)                    # and all four requests shared some
+    gen.close()
 
 
 def test_queue_limit(pair):

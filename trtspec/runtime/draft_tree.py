@@ -13,7 +13,8 @@ forward (staged speculation / vertical cascade): chain tokens are fed speculativ
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
 marked dead and never reach the target.
 
-Each draft forward ends with one host read: every fed node's top-k (`top[node]`: probabilities and
+Each draft forward ends with one host read (`runner.read`: the scheduler reads every request's of
+a draft round in one transfer): every fed node's top-k (`top[node]`: probabilities and
 tokens, k = the strategy's `top_k`, at least the argmax) and each reviewed chain token's probability
 at its parent. Strategies rank, review and value children from these host copies (`prob(parent,
 token)`), so drafting reads the device once per forward, not once per candidate.
@@ -30,7 +31,7 @@ import torch
 
 from .decode import DecodeState
 from .proposal import DRAFT, REVIEW, SUFFIX, Proposal
-from .runner import Calls
+from .runner import Calls, read
 from .tree import TokenTree
 
 
@@ -77,7 +78,7 @@ class DraftTree:
         tree.row[0] = len(tree.pending) - 1
         dists = tree._dist(logits, [0])
         tree.probs[0] = dists[0]
-        tree._read(dists, [0], [])
+        yield from tree._read(dists, [0], [])
         tree.forwards += 1
         return tree
 
@@ -174,7 +175,7 @@ class DraftTree:
             self.row[node] = scratch + i
             self.row_owner.append(node)
             self.probs[node] = dists[i]
-        self._read(dists, batch, [c for added in chain_of.values() for c in added])
+        yield from self._read(dists, batch, [c for added in chain_of.values() for c in added])
         done = list(nodes)
         for node, added in chain_of.items():
             prev = node
@@ -191,15 +192,16 @@ class DraftTree:
                     break
         return done
 
-    def _read(self, dists: torch.Tensor, batch: list[int], reviewed: list[int]) -> None:
-        """The forward's one host read: the top-k of every row of `dists` (the nodes of `batch`, in
-        order) and the probability of each `reviewed` chain token at its parent (fed in this batch)."""
+    def _read(self, dists: torch.Tensor, batch: list[int], reviewed: list[int]) -> Calls:
+        """The forward's one host read (with the draft round's other requests': runner.read): the
+        top-k of every row of `dists` (the nodes of `batch`, in order) and the probability of each
+        `reviewed` chain token at its parent (fed in this batch)."""
         vals, idx = dists.topk(min(self.top_k, dists.shape[-1]), -1)
         parts = [vals.flatten(), idx.flatten().to(vals.dtype)]      # token ids < 2^24: exact in float32
         if reviewed:
             rows = torch.tensor([batch.index(int(self.parents[c])) for c in reviewed], device=dists.device)
             parts.append(dists[rows, torch.as_tensor(self.tokens[reviewed], device=dists.device)])
-        host = torch.cat(parts).tolist()
+        host = yield from read(torch.cat(parts))
         k, n = vals.shape[-1], len(batch)
         for i, node in enumerate(batch):
             self.top[node] = (host[i * k:(i + 1) * k], [int(t) for t in host[(n + i) * k:(n + i + 1) * k]])

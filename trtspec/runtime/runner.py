@@ -6,10 +6,14 @@ visible; the caller describes visibility over the scratch rows plus the new toke
 
 The calls are coroutines: `logits = yield from runner.run(...)` yields a `Call` and receives its
 logits, so the scheduler can run many requests' calls as one batched engine step (batch.py).
-`drive(coro)` runs a coroutine alone, each call as its own step (tools and tests).
+A value the host needs from the device is fetched the same way: `host = yield from read(tensor)`
+yields a `Read`, and the scheduler reads every request's waiting Reads of a phase in one transfer
+(`read_together`: one device sync for the batch, not one per request). `drive(coro)` runs a
+coroutine alone, each call as its own step and each read alone (tools and tests).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Generator as Coroutine
 
 import torch
@@ -19,15 +23,41 @@ from .batch import Batcher, Call
 from .kv_cache import KVCache
 from .tree import TokenTree
 
-Calls = Coroutine[Call, torch.Tensor, object]     # what a coroutine of model calls looks like
+@dataclass
+class Read:
+    """A device tensor one request needs on the host (`read`), waiting to be read with its batch's."""
+    tensor: torch.Tensor
+    batcher = None                                  # not a model call
+
+
+Calls = Coroutine["Call | Read", "torch.Tensor | list", object]     # what a coroutine of model calls looks like
+
+
+def read(tensor: torch.Tensor) -> Calls:
+    """`host = yield from read(t)`: t's values as a flat Python list, read with the batch's other
+    reads (`read_together`). Integer values come back as ints (exact below 2^53)."""
+    return (yield Read(tensor))
+
+
+def read_together(reads: list[Read]) -> list[list]:
+    """Every Read's values with one host transfer: flattened, joined as float64 where they are (one
+    device sync), split back, integer tensors' values as ints."""
+    flat = [r.tensor.reshape(-1) for r in reads]
+    host = torch.cat([x.to(torch.float64) for x in flat]).tolist() if flat else []
+    out, i = [], 0
+    for x in flat:
+        part = host[i:i + x.numel()]
+        out.append([int(v) for v in part] if not x.dtype.is_floating_point else part)
+        i += x.numel()
+    return out
 
 
 def drive(coro: Calls):
-    """Run a coroutine of model calls to its end, each call alone; returns its value."""
+    """Run a coroutine of model calls to its end, each call (and each read) alone; returns its value."""
     try:
         call = next(coro)
         while True:
-            call = coro.send(call.batcher.run([call])[0])
+            call = coro.send(read_together([call])[0] if isinstance(call, Read) else call.batcher.run([call])[0])
     except StopIteration as done:
         return done.value
 

@@ -4,7 +4,8 @@ One thread, the only one that touches engines and KV, runs iterations:
 
     admit waiting requests into free slots (a request owns its slot until it ends)
     draft phase:  while any request waits on a draft call: run all of them as batched draft steps
-    target phase: run every request's target call (prefill chunk, or its tree) as batched steps
+    target phase: run every request's target call (prefill chunk, or its tree) as batched steps,
+                  then every request's verification result in one host read (runner.read)
     end cancelled / expired / finished requests and free their slots at once
 
 Requests advance as coroutines of model calls (runner.py): each waits on exactly one call at a
@@ -24,6 +25,7 @@ from ..errors import RequestError
 from .batch import Batcher
 from .budget import BatchView
 from .request import Request, Slot
+from .runner import Read, read_together
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
@@ -157,6 +159,7 @@ class Scheduler:
             while calls := [r for r in self.active if r.call is not None and r.call.batcher is self.draft]:
                 rounds.append({r.id: len(r.call.tokens) for r in calls if r.call.phase == "step"})
                 self._run(self.draft, calls)
+                self._read()
                 self._reap()
         calls = [r for r in self.active if r.call is not None and r.call.batcher is self.target]
         if calls:
@@ -169,6 +172,7 @@ class Scheduler:
                 coming += [r.id for r in list(self.waiting)[: len(self.free)]]
             self.batch.join(coming)
             self._run(self.target, calls)
+            self._read()
             live = {r.id for r in self.active}          # a request that ended in this phase is gone
             rounds = [{i: t for i, t in rnd.items() if i in live} for rnd in rounds]
             self.batch.observe({r.id: (t, r.state.budget.expected_emitted())
@@ -184,26 +188,39 @@ class Scheduler:
         A batch that raises is re-run call by call, so only the request that caused it fails."""
         by_call = {id(r.call): r for r in reqs}
         for group in batcher.groups([r.call for r in reqs]):
-            members = [by_call[id(c)] for c in group]
-            try:
-                logits = batcher.run(group)         # on failure the batcher restores the caches
-            except Exception as e:                   # noqa: BLE001 - find whose call it was
-                if len(group) == 1:
-                    self._end(members[0], error=e)
-                    continue
-                logits = []
-                for req, call in zip(members, group):   # alone, so only the culprit fails
-                    try:
-                        logits.append(batcher.run([call])[0])
-                    except Exception as e:           # noqa: BLE001 - a request's error is its own
-                        logits.append(None)
-                        self._end(req, error=e)
-            for req, x in zip(members, logits):
-                if x is not None:
-                    self._advance(req, x)
+            # on failure the batcher restores the caches
+            self._together([by_call[id(c)] for c in group], batcher.run)
+
+    def _read(self) -> None:
+        """Every active request waiting on a host read gets it, all of them in one transfer (one device
+        sync for the phase); until none waits (a request may read again before its next call). A
+        transfer that raises is re-made read by read, so only the request that caused it fails."""
+        while waiting := [r for r in self.active if isinstance(r.call, Read)]:
+            self._together(waiting, lambda reads: read_together(reads))     # (looked up here: tools wrap it)
+
+    def _together(self, reqs: list[Request], run) -> None:
+        """`run` the requests' calls (or reads) together and advance each with its answer; if that
+        raises, each alone, so that only the request whose call failed ends (with its error)."""
+        try:
+            answers = run([r.call for r in reqs])
+        except Exception as e:                       # noqa: BLE001 - find whose call it was
+            if len(reqs) == 1:
+                self._end(reqs[0], error=e)
+                return
+            answers = []
+            for req in reqs:
+                try:
+                    answers.append(run([req.call])[0])
+                except Exception as e:               # noqa: BLE001 - a request's error is its own
+                    answers.append(None)
+                    self._end(req, error=e)
+        for req, x in zip(reqs, answers):
+            if x is not None:
+                self._advance(req, x)
 
     def _advance(self, req: Request, logits) -> None:
-        """Send a request its call's logits (None: start it); it runs to its next call or its end."""
+        """Send a request its call's logits or its read's values (None: start it); it runs to its
+        next call, its next read or its end."""
         try:
             req.call = next(req.coro) if logits is None else req.coro.send(logits)
         except StopIteration as done:

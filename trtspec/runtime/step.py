@@ -6,7 +6,8 @@
     with a grammar only)
     -> one target forward over the tree -> each node's logits under the request's rules (logits.py:
     penalties of its own path, logit_bias, min_tokens, the grammar's mask) -> exact acceptance
-    (verify.py) -> commit the accepted rows of the target cache and of the draft cache
+    (verify.py, on the device; its result read with the batch's other requests' in one transfer:
+    runner.read) -> commit the accepted rows of the target cache and of the draft cache
     -> logprobs of the emitted tokens (when asked) -> report
 
 It is a coroutine of model calls (runner.py), so the scheduler batches many requests' steps.
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 import time
 
+from . import verify
 from .decode import DecodeState, StepStats
 from .logits import shape, token_logprobs
 from .proposal import Proposal
-from .runner import Calls
+from .runner import Calls, read
 from .sampling import probs_from_logits
-from .verify import verify_greedy, verify_sampling
 
 
 def step(st: DecodeState, strategy) -> Calls:
@@ -47,9 +48,11 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     raw = yield from st.target.verify(tree)
     logits = shape(st, tree, raw, masks)
     if st.sampling.greedy:
-        path, nxt = verify_greedy(tree, logits)
+        choice = verify.greedy_choice(tree, logits)
     else:
-        path, nxt = verify_sampling(tree, probs_from_logits(logits, st.sampling), st.gen)
+        choice = verify.sampling_choice(tree, probs_from_logits(logits, st.sampling), st.gen)
+    last, nxt = yield from read(choice)            # the step's one host read, with its batch's (runner.read)
+    path = tree.path(last)
     st.target.cache.commit(path)
     if proposal.draft_rows is not None:
         st.draft.cache.commit(proposal.draft_commit(path))

@@ -5,8 +5,10 @@ A host read is any call that brings a tensor's values to the host (`.tolist()`, 
 GPU each one waits for the device. `HostReads` (a torch function mode) counts them; the engines'
 own forwards are not counted (a CUDA graph or TensorRT plan replays them). The count depends on
 the code, not on the device or the weights, so a CPU and a tiny random pair measure it.
+With `--batch B`, B requests of each strategy run at once through the scheduler, and the
+verification reads are counted per target phase (all B requests' trees together).
 
-    python -m trtspec.tools.host_reads [--tokens 48] [--json out.jsonl]
+    python -m trtspec.tools.host_reads [--tokens 48] [--batch 4] [--json out.jsonl]
 """
 from __future__ import annotations
 
@@ -116,23 +118,109 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
             "draft_reads": dict(reads.counts.get("draft", Counter()).most_common(4))}
 
 
+def count_batch(name: str, sampling, target, draft, tokens: int, batch: int) -> dict:
+    """Reads per target phase (verification: reads made while a request's verify_and_commit runs, and
+    the scheduler's joint read of the phase's results, runner.read_together, where the runtime has
+    one) and per draft round (everything else) of `batch` requests of strategy `name` run at once."""
+    from ..runtime import scheduler as sched_mod
+    from ..runtime import step as step_mod
+    from ..runtime import verify as verify_mod
+    from ..runtime.generator import Generator
+    from ..runtime.strategies import make_strategy
+
+    strat = make_strategy(name, **OPTIONS.get(name, {}))
+    gen = Generator(target, draft if strat.needs_draft else None, capacity=256, slots=batch)
+    reads, phases, rounds, in_target = HostReads(), [0], [0], [False]
+    reads.phase = "draft"
+    Sched = sched_mod.Scheduler
+    commit, walk, iteration, run = step_mod.verify_and_commit, verify_mod.sampling_choice, Sched.iteration, Sched._run
+    together = getattr(sched_mod, "read_together", None)
+
+    def verify_phase(*args, **kwargs):             # "verify" whenever this request's verification runs
+        coro, value = commit(*args, **kwargs), None
+        while True:
+            reads.phase = "verify"
+            try:
+                item = coro.send(value)
+            except StopIteration as done:
+                return done.value
+            finally:
+                reads.phase = "draft"
+            value = yield item
+
+    def read_phase(waiting):                       # the scheduler's joint read: of the phase it follows
+        reads.phase = "verify" if in_target[0] else "draft"
+        try:
+            return together(waiting)
+        finally:
+            reads.phase = "draft"
+
+    def run_phase(self, batcher, reqs):
+        in_target[0] = batcher is self.target
+        stepping = any(r.call.phase == "step" for r in reqs)
+        phases[0] += in_target[0] and stepping
+        rounds[0] += not in_target[0] and stepping
+        return run(self, batcher, reqs)
+
+    def counted_iteration(self):                   # the mode is per thread: enter it in the scheduler's
+        with reads:
+            iteration(self)
+    step_mod.verify_and_commit, verify_mod.sampling_choice = verify_phase, lambda *a: walk(*a, early_exit=False)
+    Sched.iteration, Sched._run = counted_iteration, run_phase
+    if together is not None:
+        sched_mod.read_together = read_phase
+    try:
+        with reads.uncounted(target, draft):
+            handles = [gen.submit([1, 2, 3, 4, 1, 2, 3, 4, 1 + i, 2], strategy=strat, sampling=sampling, seed=i,
+                                  max_new_tokens=tokens) for i in range(batch)]
+            for h in handles:
+                h.result()
+    finally:
+        step_mod.verify_and_commit, verify_mod.sampling_choice = commit, walk
+        Sched.iteration, Sched._run = iteration, run
+        if together is not None:
+            sched_mod.read_together = together
+        gen.close()
+    verify, drafting = reads.counts.get("verify", Counter()), reads.counts.get("draft", Counter())
+    return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "batch": batch,
+            "target_phases": phases[0], "verify_reads_per_phase": sum(verify.values()) / max(phases[0], 1),
+            "draft_rounds": rounds[0], "draft_reads_per_round": sum(drafting.values()) / max(rounds[0], 1),
+            "draft_reads": dict(drafting.most_common(4))}
+
+
 @click.command(help=__doc__.split("\n\n")[0])
 @click.option("--tokens", default=48, type=click.IntRange(1), help="Tokens to generate per strategy.")
+@click.option("--batch", default=1, type=click.IntRange(1), show_default=True,
+              help="Requests at once per strategy, through the scheduler: verification reads per target phase.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write one JSON line per run here.")
-def main(tokens: int, json_path: str | None) -> None:
+def main(tokens: int, batch: int, json_path: str | None) -> None:
     from ..engines.torch_engine import TorchEngine
     from ..export.tiny import tiny_pair, tiny_spec
     from ..runtime.sampling import SamplingParams
     from ..runtime.strategies import STRATEGIES
 
     target, draft = (TorchEngine(m) for m in tiny_pair(tiny_spec(vocab_size=512), seed=0))
-    rows = [count(name, sp, target, draft, tokens) for name in STRATEGIES
-            for sp in (SamplingParams(), SamplingParams(temperature=0.8))]
+    runs = [(name, sp) for name in STRATEGIES for sp in (SamplingParams(), SamplingParams(temperature=0.8))]
+    if batch > 1:
+        rows = [count_batch(name, sp, target, draft, tokens, batch) for name, sp in runs]
+        click.echo(f"{'strategy':<9} {'sampling':<8} {'batch':>5} {'target phases':>13} {'verify reads/phase':>19}"
+                   f" {'draft rounds':>12} {'draft reads/round':>18}  most common in drafting")
+        for r in rows:
+            click.echo(f"{r['strategy']:<9} {r['sampling']:<8} {r['batch']:>5} {r['target_phases']:>13} "
+                       f"{r['verify_reads_per_phase']:>19.2f} {r['draft_rounds']:>12} {r['draft_reads_per_round']:>18.2f}"
+                       f"  {r['draft_reads']}")
+        _write(json_path, rows)
+        return
+    rows = [count(name, sp, target, draft, tokens) for name, sp in runs]
     click.echo(f"{'strategy':<9} {'sampling':<8} {'steps':>5} {'verify reads/step':>18} {'draft reads/step':>17}"
                "  most common")
     for r in rows:
         click.echo(f"{r['strategy']:<9} {r['sampling']:<8} {r['steps']:>5} {r['verify_reads_per_step']:>18.2f} "
                    f"{r['draft_reads_per_step']:>17.1f}  {r['draft_reads']}")
+    _write(json_path, rows)
+
+
+def _write(json_path: str | None, rows: list[dict]) -> None:
     if json_path:
         with open(json_path, "w") as f:
             for r in rows:

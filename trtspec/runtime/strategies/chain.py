@@ -15,7 +15,7 @@ from ...options import Budget, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
 from ..proposal import Proposal
-from ..runner import Calls
+from ..runner import Calls, read
 from ..sampling import sample
 from ..tree import TokenTree
 from .base import Strategy
@@ -53,7 +53,7 @@ class ChainSpeculative(Strategy):
             logits = st.constrain(logits[-1:], [drafts])      # a grammar's mask after the drafts so far
             if greedy:                  # the argmax and its probability (the top-1): one host read
                 q = torch.softmax(logits[-1].float(), -1)
-                top, tok = torch.stack([q.max(), logits[-1].argmax().to(q.dtype)]).tolist()  # ids < 2^24
+                top, tok = yield from read(torch.stack([q.max(), logits[-1].argmax().to(q.dtype)]))  # ids < 2^24
                 tok = int(tok)
                 values.saw_top1(top)
                 v = values.child(value, top)
