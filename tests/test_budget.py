@@ -121,8 +121,8 @@ def chain_rate(costs: CostModel, p: float, k: int) -> float:
 @pytest.mark.parametrize("costs", [CPU, GPU, INT4], ids=["cpu", "gpu", "int4"])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.8, 0.95])
 def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
-    """chain's loop: the first draft forward is paid, then each token is vetted (worth) and each further
-    forward too (worth_feeding), both looking ahead along the chain (the next tokens' values guessed
+    """chain's loop: the first draft forward is paid, then each token is vetted (a Round of one
+    candidate) and each further forward too (a Round that asks to feed), both looking ahead along the chain (the next tokens' values guessed
     from the running top-1 estimate). On INT4 costs one draft never pays and 8 do (p = 0.95)."""
     values = Values()
     values.f.update(np.full(400, 0.95), np.random.default_rng(0).random(400) < p)   # calibrated: f(0.95) ~ p
@@ -152,7 +152,7 @@ def test_chain_length_with_draft_forwards_beats_every_fixed_k(costs, p):
 
 def test_lookahead_feeds_candidates_that_pay_only_as_a_deep_tree():
     """staged's first round on INT4 costs: no prefix of leaves beats ar, the same candidates fed for
-    a few rounds do (confident drafts), so take() returns the width to feed; not without rounds left."""
+    a few rounds do (confident drafts), so the plan takes the width to feed; not without rounds left."""
     scores = Values()
     scores.f.update(np.full(400, 0.95), np.ones(400, dtype=bool))
     for _ in range(20):

@@ -24,12 +24,12 @@ import torch
 from scipy import stats
 
 from conftest import reference_logits
-from trtspec.runtime import step as step_mod
+from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.ngram import NGramDrafter
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 from trtspec.runtime.tree import TokenTree
-from trtspec.runtime.verify import verify_sampling
+from trtspec.runtime.verify import sampling_choice, verify_sampling
 from trtspec.tools.chisquare import chisquare_p  # noqa: F401 (the other tests import it from here)
 
 PASS_P = 1e-3        # a correct rule must not be rejected at this level
@@ -89,6 +89,15 @@ def reference_probs(logits: torch.Tensor, sp: SamplingParams) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------
 # Broken acceptance rules (the tests must be able to fail)
 # ---------------------------------------------------------------------------------------------
+
+def as_choice(rule):
+    """A (path, next token) rule as the step calls its sampling rule (`verify.sampling_choice`, which
+    tests patch): [last accepted node, next token], which the step reads with its batch's."""
+    def choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        path, nxt = rule(tree, target_probs, gen)
+        return torch.tensor([int(path[-1]), int(nxt)])
+    return choice
+
 
 def verify_sampling_no_residual(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator):
     """WRONG: accepts a child with min(1, p/q) (p for deterministic children) like the real rule,
@@ -307,9 +316,9 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
 
     def spy(tree, probs, gen):
         seen_q.append(tree.q is not None and not bool(torch.isnan(tree.q[1:]).any()))
-        return verify_sampling(tree, probs, gen)
+        return sampling_choice(tree, probs, gen)
 
-    monkeypatch.setattr(step_mod, "verify_sampling", spy)
+    monkeypatch.setattr(verify_mod, "sampling_choice", spy)
     acc = [s.accepted for i in range(40)
            for s in small_gen.generate(CHAIN_PROMPT, strategy=ChainSpeculative(2), max_new_tokens=6,
                                        sampling=T1, seed=i).steps]
@@ -320,8 +329,8 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
 @pytest.mark.parametrize("which", ["chain", "ngram"])
 def test_broken_rule_is_detected_end_to_end(small_pair, small_gen, ngram_prompt, monkeypatch, which):
     """The same end-to-end check on the first generated token, with the no-residual rule patched
-    in where DecodeState calls verify_sampling: it must be rejected."""
-    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling_no_residual)
+    in where the step calls its sampling rule: it must be rejected."""
+    monkeypatch.setattr(verify_mod, "sampling_choice", as_choice(verify_sampling_no_residual))
     prompt, strategy, n = ((SHORT_PROMPT, ChainSpeculative(1), 600) if which == "chain"
                            else (ngram_prompt, NGramSpeculative(2), 600))
     p1 = reference_probs(reference_logits(small_pair.target, prompt)[-1], T1)

@@ -23,12 +23,12 @@ import torch
 
 from conftest import CPU_LIKE, GPU_LIKE, SMALL_VOCAB, reference_logits
 from test_sampling_exact import chisquare_p, exact_first_two, fit, reference_probs, sample_first
-from test_sampling_exact import verify_sampling_no_residual
-from trtspec.runtime import step as step_mod
+from test_sampling_exact import as_choice, verify_sampling_no_residual
+from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import GSD, Cascade, ChainSpeculative, DySpec, Staged, SuffixSpeculative
 from trtspec.runtime.strategies import dyspec as dyspec_mod
-from trtspec.runtime.verify import verify_sampling
+from trtspec.runtime.verify import sampling_choice
 
 PASS_P = 1e-3
 REJECT_P = 1e-6
@@ -79,7 +79,8 @@ def bigram(tmp_path_factory) -> str:
 
 
 class Spy:
-    """Wraps verify_sampling: records which trees carried q rows and checks every q row."""
+    """Wraps the step's sampling rule (verify.sampling_choice): records which trees carried q rows and
+    checks every q row."""
 
     def __init__(self):
         self.trees = self.sampled = self.merges = 0
@@ -100,12 +101,12 @@ class Spy:
                         expect[int(tree.tokens[prev])] = 0
                         torch.testing.assert_close(q, expect / expect.sum(), atol=1e-5, rtol=1e-4)
                     prev = c
-        return verify_sampling(tree, probs, gen)
+        return sampling_choice(tree, probs, gen)
 
 
 def run_case(small_pair, small_gen, monkeypatch, strat_name, sp, prompt, n, seed0, bigram=None):
     spy = Spy()
-    monkeypatch.setattr(step_mod, "verify_sampling", spy)
+    monkeypatch.setattr(verify_mod, "sampling_choice", spy)
     monkeypatch.setattr(small_gen, "costs", CPU_LIKE if strat_name.endswith("-cpu") else GPU_LIKE)
     strat = make(strat_name, bigram)
     counts = sample_first(small_gen, prompt, strat, sp, n, seed0)
@@ -146,7 +147,7 @@ def test_first_two_tokens_exact(small_pair, small_gen, bigram, monkeypatch, name
     else:
         assert spy.sampled == 0 and spy.trees > 0
     # the speculation is not vacuous: drafts are accepted and rejected (and GSD merges)
-    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling)
+    monkeypatch.setattr(verify_mod, "sampling_choice", sampling_choice)
     # cascade-auto accepts two drafts in ~1% of its steps here (the policy keeps its trees short): more runs
     acc, merges, merged_paths, mixed = acceptance(small_gen, strat, sp, prompt,
                                                   runs=100 if name == "cascade-auto" else 25)
@@ -223,7 +224,7 @@ def test_dyspec_original_q_detected_in_joint_test(small_pair, small_gen, monkeyp
 
 def test_no_residual_verifier_is_detected_for_deterministic_children(small_pair, small_gen, monkeypatch):
     """BROKEN verifier (no residual update after a rejected deterministic child) under gsd's top-k fan."""
-    monkeypatch.setattr(step_mod, "verify_sampling", verify_sampling_no_residual)
+    monkeypatch.setattr(verify_mod, "sampling_choice", as_choice(verify_sampling_no_residual))
     strat = GSD(top_k=4, sibling_ratio=0.0, confidence=0.0, repeat=-1, budget=4, max_depth=1)
     pval = first_token_p(small_pair, small_gen, strat, 2 * N_BROKEN, 90_000)
     print(f"[pvalue] gsd BROKEN no-residual verifier: first {pval:.3g}")

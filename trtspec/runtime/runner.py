@@ -23,6 +23,7 @@ from .batch import Batcher, Call
 from .kv_cache import KVCache
 from .tree import TokenTree
 
+
 @dataclass
 class Read:
     """A device tensor one request needs on the host (`read`), waiting to be read with its batch's."""

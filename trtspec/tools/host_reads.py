@@ -207,7 +207,8 @@ def main(tokens: int, batch: int, json_path: str | None) -> None:
                    f" {'draft rounds':>12} {'draft reads/round':>18}  most common in drafting")
         for r in rows:
             click.echo(f"{r['strategy']:<9} {r['sampling']:<8} {r['batch']:>5} {r['target_phases']:>13} "
-                       f"{r['verify_reads_per_phase']:>19.2f} {r['draft_rounds']:>12} {r['draft_reads_per_round']:>18.2f}"
+                       f"{r['verify_reads_per_phase']:>19.2f} {r['draft_rounds']:>12} "
+                       f"{r['draft_reads_per_round']:>18.2f}"
                        f"  {r['draft_reads']}")
         _write(json_path, rows)
         return

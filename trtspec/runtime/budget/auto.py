@@ -99,7 +99,8 @@ class AutoBudget:
         repeated JSON requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3
         draft tokens). A draft that is current is weighed against the suffix tree step by step
         (a Round that asks to feed), with no such bar."""
-        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.values.top1, HOPE_TOP1), per_token=self._catch_up())
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.values.top1, HOPE_TOP1),
+                            per_token=self._catch_up())
         bar = self.costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
         return max(rates[1:]) > max(rates[0], bar)
 

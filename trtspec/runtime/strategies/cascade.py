@@ -110,7 +110,8 @@ class Cascade(Strategy):
             for tok in self._cheap(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
                 chain.append(tree.add(chain[-1], int(tok), source=SUFFIX if self.suffix else NGRAM))
                 joined.append(0.0)                   # verified, so counted; no probability to value it by
-        return tree.proposal([0] + chain, values=joined, stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept)
+        return tree.proposal([0] + chain, values=joined, stage2_proposed=tree.reviewed,
+                             stage2_accepted=tree.review_kept)
 
 
 def _bigram(path: str) -> np.ndarray:

@@ -113,7 +113,8 @@ class Staged(Strategy):
         added = 0
         for rnd in range(self.max_rounds):
             ahead = self.max_rounds - rnd - 1
-            r = Round(_joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width, ahead=ahead)
+            r = Round(_joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width,
+                      ahead=ahead)
             new = self._pick(heap, order, tree, min(budget.plan(r).take, self.nodes - added), values, value,
                              (sfx, at, cur))
             if not new:
