@@ -25,7 +25,7 @@ from ..costs import CostModel
 from .acceptance import Acceptance
 from .auto import AutoBudget
 from .batch_costs import BatchCosts, BatchView
-from .plan import Plan, Round
+from .plan import Plan, Round, joined
 from .values import Values
 
 if TYPE_CHECKING:
@@ -44,9 +44,6 @@ class Budget(Protocol):
 class FixedBudget:
     """The strategy's fixed numbers bound the tree: every node and every draft forward is worth it."""
     adaptive = False
-
-    def __init__(self, values: Values | None = None):
-        self.values = values or Values(calibrated=False)
 
     def begin(self, cached: int, behind: int = 0) -> bool:
         return True
@@ -67,11 +64,10 @@ def make_budget(auto_nodes: int | None, costs: CostModel | None, batch: BatchVie
     them): AutoBudget for a strategy with `budget: auto` (its cap `auto_nodes`) when step costs are
     known, else the strategy's fixed numbers. `left`: the most tokens the request will emit."""
     if auto_nodes is None or costs is None:
-        budget = FixedBudget()
-    else:
-        budget = AutoBudget(costs, auto_nodes, batch, request, left)
-    return budget, budget.values
+        return FixedBudget(), Values(calibrated=False)
+    values = Values()
+    return AutoBudget(costs, auto_nodes, batch, request, left, values), values
 
 
 __all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "Plan", "Round", "Values",
-           "make_budget"]
+           "joined", "make_budget"]

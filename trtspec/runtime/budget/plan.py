@@ -28,6 +28,12 @@ class Round:
     free: bool = False
 
 
+def joined(value: dict) -> list[float]:
+    """`Round.tree` from a proposer's {node: value} (node 0, the root, first; the others in the order
+    they joined the tree, as a dict keeps them)."""
+    return list(value.values())[1:]
+
+
 @dataclass(frozen=True)
 class Plan:
     take: int = 0          # how many of the round's known candidates to add

@@ -29,7 +29,7 @@ from pydantic import Field
 
 from ...errors import ConfigError
 from ...options import auto_or
-from ..budget import Round
+from ..budget import Round, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
@@ -77,40 +77,39 @@ class Cascade(Strategy):
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
         tree = yield from DraftTree.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
         chain: list[int] = []                       # node ids, in order
-        joined: list[float] = []                    # their values, in the order they joined
-        last, value = 0, {0: 1.0}
+        last, value = 0, {0: 1.0}                   # each node's value, in the order it joined (the root first)
         while len(chain) < self.kd:
             q, tok = tree.top[last][0][0], tree.top[last][1][0]     # the draft's own token
             values.saw_top1(q)
             v = values.child(value[last], q)
-            if not budget.plan(Round(joined, tree.forward_rows, [v], width=1, ahead=self.kd - len(chain) - 1)).take:
+            if not budget.plan(Round(joined(value), tree.forward_rows, [v], width=1,
+                                     ahead=self.kd - len(chain) - 1)).take:
                 break
-            joined.append(v)
             node = tree.add(last, tok)
             value[node] = v
             chain.append(node)
             if len(chain) >= self.kd:
                 break                                # a leaf: no need to feed it
             proposal = self._cheap(st, tree.context(node), self.mag_len)
-            r = Round(joined, tree.forward_rows, feed=[value[node]], rows=1 + len(proposal), ahead=self.kd - len(chain))
+            r = Round(joined(value), tree.forward_rows, feed=[value[node]], rows=1 + len(proposal),
+                      ahead=self.kd - len(chain))
             if not budget.plan(r).feed:
                 break
             fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)
             for kept in fed[1:]:                     # a kept review token must pay for its verify cost too
                 parent = int(tree.parents[kept])
                 v = values.child(value[parent], tree.prob(parent, int(tree.tokens[kept])))
-                if not budget.plan(Round(joined, tree.forward_rows, [v])).take:
+                if not budget.plan(Round(joined(value), tree.forward_rows, [v])).take:
                     tree.cut(kept)
                     break
-                joined.append(v)
                 value[kept] = v
                 chain.append(kept)
             last = chain[-1]
         if chain:
             for tok in self._cheap(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
                 chain.append(tree.add(chain[-1], int(tok), source=SUFFIX if self.suffix else NGRAM))
-                joined.append(0.0)                   # verified, so counted; no probability to value it by
-        return tree.proposal([0] + chain, values=joined, stage2_proposed=tree.reviewed,
+                value[chain[-1]] = 0.0               # verified, so counted; no probability to value it by
+        return tree.proposal([0] + chain, values=joined(value), stage2_proposed=tree.reviewed,
                              stage2_accepted=tree.review_kept)
 
 

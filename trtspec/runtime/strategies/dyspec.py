@@ -25,7 +25,7 @@ import torch
 from pydantic import Field
 
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
-from ..budget import Round
+from ..budget import Round, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..runner import Calls
@@ -76,7 +76,7 @@ class DySpec(Strategy):
     def _pays(st: DecodeState, tree: DraftTree, value: dict, v: float, ahead: int) -> bool:
         """Does a child of value v join the tree (the budget's plan for it alone, with the chain of up
         to `ahead` more draft forwards it would open)?"""
-        return st.budget.plan(Round(_joined(value), tree.forward_rows, [v], width=1, ahead=ahead)).take > 0
+        return st.budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=ahead)).take > 0
 
     def propose(self, st: DecodeState) -> Calls:
         tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
@@ -86,7 +86,7 @@ class DySpec(Strategy):
             yield from self._heap(st, tree, value)
         else:
             yield from self._threshold(st, tree, value)
-        return tree.proposal(values=_joined(value))
+        return tree.proposal(values=joined(value))
 
     def _heap(self, st: DecodeState, tree: DraftTree, value: dict) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
@@ -98,7 +98,7 @@ class DySpec(Strategy):
             unfed = [parent for _, _, parent, res in slots if res is None]
             if unfed:
                 fed_slots = [value[parent] * st.values.top1 for _, _, parent, res in slots if res is not None]
-                r = Round(_joined(value), tree.forward_rows, fed_slots, [value[n] for n in unfed], len(unfed),
+                r = Round(joined(value), tree.forward_rows, fed_slots, [value[n] for n in unfed], len(unfed),
                           ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed))
                 if budget.plan(r).feed:
                     yield from tree.feed(unfed)
@@ -127,7 +127,7 @@ class DySpec(Strategy):
         added = 0
         for depth in range(self.max_depth):
             if depth > 0:
-                r = Round(_joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves], rows=len(leaves),
+                r = Round(joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves], rows=len(leaves),
                           ahead=self.max_depth - depth)
                 if not st.budget.plan(r).feed:
                     return
@@ -146,8 +146,3 @@ class DySpec(Strategy):
             leaves = [(n, v) for n, v in new if v > self.threshold]   # only these can grow children
             if not leaves or added >= self.nodes:
                 break
-
-
-def _joined(value: dict) -> list[float]:
-    """The values of the tree's nodes (the root's left out), in the order they joined it."""
-    return list(value.values())[1:]

@@ -32,7 +32,7 @@ from typing import Annotated
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
-from ..budget import Round, Values
+from ..budget import Round, Values, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
@@ -113,7 +113,7 @@ class Staged(Strategy):
         added = 0
         for rnd in range(self.max_rounds):
             ahead = self.max_rounds - rnd - 1
-            r = Round(_joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width,
+            r = Round(joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width,
                       ahead=ahead)
             new = self._pick(heap, order, tree, min(budget.plan(r).take, self.nodes - added), values, value,
                              (sfx, at, cur))
@@ -124,14 +124,14 @@ class Staged(Strategy):
                 break                                   # leaves: never fed
             chains = self._stage2(st, tree, new[0])
             fed_rows = len(new) + sum(len(c) for c in chains.values())
-            r = Round(_joined(value), tree.forward_rows, [-c[0] for c in heapq.nsmallest(self.width, heap)],
+            r = Round(joined(value), tree.forward_rows, [-c[0] for c in heapq.nsmallest(self.width, heap)],
                       [value[n] for n in new], fed_rows, ahead=ahead)
             if not budget.plan(r).feed:
                 break
             for node in (yield from tree.feed(new, chains)):
                 if node in value or self._keep_reviewed(st, tree, node, value):
                     self._push(heap, order, tree, node, value[node], values)
-        return tree.proposal(values=_joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
+        return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
                              suffix_match=matched)
 
     def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict,
@@ -218,7 +218,7 @@ class Staged(Strategy):
             return False
         parent = int(tree.parents[node])
         v = st.values.child(value[parent], tree.prob(parent, int(tree.tokens[node])))
-        if not st.budget.plan(Round(_joined(value), tree.forward_rows, [v])).take:
+        if not st.budget.plan(Round(joined(value), tree.forward_rows, [v])).take:
             tree.cut(node)
             return False
         value[node] = v
@@ -236,8 +236,3 @@ def _draft_frontier(sfx: list) -> list[float]:
             chain.append(c.value)
             node = i
     return [a - b for a, b in itertools.pairwise(chain)] + [chain[-1]]
-
-
-def _joined(value: dict) -> list[float]:
-    """The values of the tree's nodes (the root's left out), in the order they joined it."""
-    return list(value.values())[1:]
