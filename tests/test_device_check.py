@@ -1,8 +1,8 @@
 """The GPU device check (trtspec/tools/device_check) in its tiny CPU mode, so it never rots: every
 section runs and reports, and what it measures on CPU holds: fixed step shapes with fp64 attention
 give a tree row exactly the logits of the same path fed one token per forward (plain shapes do
-not), every strategy equals `ar` alone and batched, graph-bucket runs equal eager ones, sampled
-`staged` passes its chi-square, and forced acceptance keeps every output equal to `ar`'s."""
+not), every strategy equals `ar` alone and batched, sampled requests batched equal themselves alone,
+graph-bucket runs equal eager ones, sampled `staged` passes its chi-square, and forced acceptance keeps every output equal to `ar`'s."""
 from __future__ import annotations
 
 import json
@@ -49,6 +49,7 @@ def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(rep
                 continue
             assert r["strategies"]["differ"] == [] and r["strategies"]["checked"] == 7, (name, r["strategies"])
             assert r["batch"] == {"1": 0, "2": 0, "4": 0, "8": 0}, (name, r["batch"])
+            assert r["sampled_batch"] == {"requests": 8, "differ": 0}, (name, r["sampled_batch"])
             if name.endswith("+graphs"):
                 assert r["graphs_equal_eager"] is True
     chi = report[0]["sections"]["exact"]["result"]["chi_square"]

@@ -248,10 +248,12 @@ def exact_first_two(model, prompt: list[int], sp: SamplingParams) -> np.ndarray:
 
 
 def sample_first(gen, prompt, strategy, sp: SamplingParams, n: int, seed0: int, ntok: int = 2) -> np.ndarray:
-    """Counts [V] * ntok of the first ntok tokens of n generations with seeds seed0, seed0 + 1, ..."""
+    """Counts [V] * ntok of the first ntok tokens of n generations with seeds seed0, seed0 + 1, ...
+    (through stop tokens, a grammar's aside: a generation that ended at one would count in a whole row)."""
     counts = np.zeros((gen.target_engine.spec.vocab_size,) * ntok, dtype=np.int64)
     for i in range(n):
-        toks = gen.generate(prompt, strategy=strategy, max_new_tokens=ntok, sampling=sp, seed=seed0 + i).token_ids
+        toks = gen.generate(prompt, strategy=strategy, max_new_tokens=ntok, sampling=sp, seed=seed0 + i,
+                            ignore_eos=sp.grammar is None).token_ids
         counts[tuple(toks)] += 1
     return counts
 

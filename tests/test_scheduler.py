@@ -12,6 +12,7 @@ import pytest
 
 from conftest import make_pair
 from trtspec.runtime import scheduler as scheduler_mod
+from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.generator import Generator
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.scheduler import Scheduler
@@ -134,22 +135,33 @@ def test_a_failing_request_leaves_its_neighbours_alone(pair, monkeypatch):
     assert gen.scheduler.busy_slots == 0
 
 
-def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, monkeypatch):
+@pytest.mark.parametrize("walk", ["cpu", "gpu"])
+def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, monkeypatch, walk):
     """Every request whose tree a target phase verified gets its result (accepted node, next token)
-    from one host transfer for the whole phase (runner.read_together: one device sync, not one per
-    request), whatever its strategy and sampling; each output equals the request's own run alone (the
-    sampled one drafts a fixed chain: with `k: auto` its trees, and so its draws, follow the batch)."""
-    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=4)
+    from one verification pass over all of them (verify.choose_together; `gpu`: the sampled rows in one
+    batched walk, as off the CPU) and one host transfer for the whole phase (runner.read_together: one
+    device sync, not one per request), whatever its strategy and sampling; each output equals the
+    request's own run alone (the sampled ones draft fixed chains: with `k: auto` their trees, and so
+    their draws, follow the batch)."""
+    if walk == "gpu":
+        cpu_default = verify_mod.choose_together
+        monkeypatch.setattr(verify_mod, "choose_together", lambda checks: cpu_default(checks, batched=True))
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=5)
     runs = [([1, 2, 3], "ar", SamplingParams()), ([4, 5, 6, 4, 5, 6], "staged", SamplingParams()),
-            ([7, 8], "chain:k=3", SamplingParams(temperature=0.8)), ([9, 9, 3, 9, 9], "suffix", SamplingParams())]
+            ([7, 8], "chain:k=3", SamplingParams(temperature=0.8)), ([9, 9, 3, 9, 9], "suffix", SamplingParams()),
+            ([5, 6, 5], "chain:k=2", SamplingParams(temperature=1.0, top_k=20))]
     alone = [gen.generate(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16).token_ids for p, s, sp in runs]
-    transfers, phases, target = [], [], [False]
-    read_together, run = scheduler_mod.read_together, Scheduler._run
+    transfers, chosen, phases, target = [], [], [], [False]
+    read_together, run, choose = scheduler_mod.read_together, Scheduler._run, verify_mod.choose_together
 
     def counted(reads):                                   # (a draft round's reads are joined too)
         if target[0]:
             transfers.append(len(reads))
         return read_together(reads)
+
+    def verified(checks):
+        chosen.append(len(checks))
+        return choose(checks)
 
     def tracked(self, batcher, reqs):
         target[0] = batcher is self.target
@@ -158,10 +170,12 @@ def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, monkeypa
         return run(self, batcher, reqs)
     monkeypatch.setattr(scheduler_mod, "read_together", counted)
     monkeypatch.setattr(Scheduler, "_run", tracked)
+    monkeypatch.setattr(verify_mod, "choose_together", verified)
     handles = [gen.submit(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16) for p, s, sp in runs]
     assert [h.result(timeout=60).token_ids for h in handles] == alone
     assert transfers == [n for n in phases if n]          # one transfer per phase, of every tree it verified
-    assert max(transfers) == len(runs)                    # and all four requests shared some
+    assert chosen == transfers                            # chosen in one verification pass (verify.py)
+    assert max(transfers) == len(runs)                    # and all five requests shared some
     gen.close()
 
 

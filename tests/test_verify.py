@@ -19,7 +19,7 @@ from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.step import verify_and_commit
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
-from trtspec.runtime.verify import sampling_choice, verify_greedy
+from trtspec.runtime.verify import WALK_ROWS, Check, choose_together, greedy_choice, sampling_choice, verify_greedy
 from trtspec.tools.host_reads import HostReads
 from trtspec.tools.host_reads import count as count_host_reads
 
@@ -320,8 +320,8 @@ def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
         q[[0, 3]] = float("nan")
     tree = TokenTree([7, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], q)
     reads = HostReads()
-    walk = verify_mod.sampling_choice                  # the walk as on a GPU (no early exit)
-    monkeypatch.setattr(verify_mod, "sampling_choice", lambda *args: walk(*args, early_exit=False))
+    together = verify_mod.choose_together              # as on a GPU: the batched walk, no early exit
+    monkeypatch.setattr(verify_mod, "choose_together", lambda checks: together(checks, batched=True))
     with reads.uncounted(engine), reads:
         emitted, path = drive(verify_and_commit(st, Proposal(tree)))
     assert reads.reads == ["tolist"]
@@ -355,6 +355,48 @@ def test_the_fixed_walk_equals_the_early_exit_walk(data):
     fixed = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=False)
     early = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=True)
     assert fixed.tolist() == early.tolist()
+
+
+def leaning_logits(tree: TokenTree, vocab: int, g: torch.Generator) -> torch.Tensor:
+    """Random logits whose argmax at a node is often one of its children's tokens (long greedy paths)."""
+    x = torch.randn(len(tree), vocab, generator=g)
+    for node, kids in enumerate(tree.children()):
+        if kids and torch.rand(1, generator=g) < 0.7:
+            x[node, tree.host_tokens[kids[int(torch.randint(len(kids), (1,), generator=g))]]] = 10.0
+    return x
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(hst.data())
+def test_a_batch_is_chosen_as_each_tree_alone(data):
+    """A phase's verifications chosen together (greedy rows over the flattened nodes, sampled rows in
+    walks of WALK_ROWS rows, each request drawing from its own generator) give every request what its
+    tree alone gives (greedy_choice, or sampling_choice with early exit, as the CPU runs it), and leave
+    each generator where its walk alone leaves it: neither a neighbour nor the batch's size changes a
+    request's draws."""
+    vocab = 32
+    checks, alone, seeds = [], [], []
+    for _ in range(data.draw(hst.integers(1, WALK_ROWS + 3))):        # past one walk's rows, at times
+        sampled = data.draw(hst.booleans())
+        tree = random_tree(data, vocab, sampled=sampled and data.draw(hst.booleans()))
+        g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
+        logits = leaning_logits(tree, vocab, g)
+        if not sampled:
+            checks.append(Check(tree, logits, None))
+            alone.append(greedy_choice(tree, logits).tolist())
+            continue
+        probs = probs_from_logits(logits, SamplingParams(temperature=data.draw(hst.sampled_from([0.5, 1.0, 1.5]))))
+        seed = data.draw(hst.integers(0, 2**16))
+        mine = torch.Generator().manual_seed(seed)
+        alone.append(sampling_choice(tree, probs, mine, early_exit=True).tolist() + [mine.get_state().numpy().tobytes()])
+        checks.append(Check(tree, probs, torch.Generator().manual_seed(seed)))
+    for batched in (True, False):
+        for c in checks:
+            if c.gen is not None:
+                c.gen.manual_seed(c.gen.initial_seed())
+        chosen = choose_together(checks, batched=batched).tolist()
+        states = [[c.gen.get_state().numpy().tobytes()] if c.gen is not None else [] for c in checks]
+        assert [row + st for row, st in zip(chosen, states)] == alone, batched
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

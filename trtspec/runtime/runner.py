@@ -8,8 +8,10 @@ The calls are coroutines: `logits = yield from runner.run(...)` yields a `Call` 
 logits, so the scheduler can run many requests' calls as one batched engine step (batch.py).
 A value the host needs from the device is fetched the same way: `host = yield from read(tensor)`
 yields a `Read`, and the scheduler reads every request's waiting Reads of a phase in one transfer
-(`read_together`: one device sync for the batch, not one per request). `drive(coro)` runs a
-coroutine alone, each call as its own step and each read alone (tools and tests).
+(`read_together`: one device sync for the batch, not one per request). A step's verification
+(`verify.check`) waits the same way, as a `Check`: the phase's Checks are chosen together
+(`verify.choose_together`) and read with its Reads. `drive(coro)` runs a coroutine alone, each
+call as its own step and each read alone (tools and tests).
 """
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from typing import Generator as Coroutine
 import torch
 
 from ..options import MAX_STEP_TOKENS, PREFILL_CHUNK
+from . import verify
 from .batch import Batcher, Call
 from .kv_cache import KVCache
 from .tree import TokenTree
+from .verify import Check
 
 
 @dataclass
@@ -31,7 +35,8 @@ class Read:
     batcher = None                                  # not a model call
 
 
-Calls = Coroutine["Call | Read", "torch.Tensor | list", object]     # what a coroutine of model calls looks like
+Calls = Coroutine["Call | Read | Check", "torch.Tensor | list", object]     # what a coroutine of model calls looks like
+HOST = (Read, Check)                               # what a coroutine waits on that is not a model call
 
 
 def read(tensor: torch.Tensor) -> Calls:
@@ -40,10 +45,13 @@ def read(tensor: torch.Tensor) -> Calls:
     return (yield Read(tensor))
 
 
-def read_together(reads: list[Read]) -> list[list]:
-    """Every Read's values with one host transfer: flattened, joined as float64 where they are (one
-    device sync), split back, integer tensors' values as ints."""
-    flat = [r.tensor.reshape(-1) for r in reads]
+def read_together(reads: list[Read | Check]) -> list[list]:
+    """Every Read's values, and every Check's choice (chosen together: verify.choose_together), with
+    one host transfer: flattened, joined as float64 where they are (one device sync), split back,
+    integer tensors' values as ints."""
+    checks = [r for r in reads if isinstance(r, Check)]
+    chosen = iter(verify.choose_together(checks) if checks else ())   # (looked up here: tools wrap it)
+    flat = [(next(chosen) if isinstance(r, Check) else r.tensor).reshape(-1) for r in reads]
     host = torch.cat([x.to(torch.float64) for x in flat]).tolist() if flat else []
     out, i = [], 0
     for x in flat:
@@ -58,7 +66,7 @@ def drive(coro: Calls):
     try:
         call = next(coro)
         while True:
-            call = coro.send(read_together([call])[0] if isinstance(call, Read) else call.batcher.run([call])[0])
+            call = coro.send(read_together([call])[0] if isinstance(call, HOST) else call.batcher.run([call])[0])
     except StopIteration as done:
         return done.value
 

@@ -5,7 +5,8 @@ One thread, the only one that touches engines and KV, runs iterations:
     admit waiting requests into free slots (a request owns its slot until it ends)
     draft phase:  while any request waits on a draft call: run all of them as batched draft steps
     target phase: run every request's target call (prefill chunk, or its tree) as batched steps,
-                  then every request's verification result in one host read (runner.read)
+                  then every request's tree verified in one pass (verify.choose_together) and
+                  the results read in one host transfer (runner.read_together)
     end cancelled / expired / finished requests and free their slots at once
 
 Requests advance as coroutines of model calls (runner.py): each waits on exactly one call at a
@@ -25,7 +26,7 @@ from ..errors import RequestError
 from .batch import Batcher
 from .budget import BatchView
 from .request import Request, Slot
-from .runner import Read, read_together
+from .runner import HOST, read_together
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
@@ -192,10 +193,11 @@ class Scheduler:
             self._together([by_call[id(c)] for c in group], batcher.run)
 
     def _read(self) -> None:
-        """Every active request waiting on a host read gets it, all of them in one transfer (one device
-        sync for the phase); until none waits (a request may read again before its next call). A
-        transfer that raises is re-made read by read, so only the request that caused it fails."""
-        while waiting := [r for r in self.active if isinstance(r.call, Read)]:
+        """Every active request waiting on a host read or a verification (a Check) gets it: the Checks
+        chosen together, everything read in one transfer (one device sync for the phase); until none
+        waits (a request may read again before its next call). A transfer that raises is re-made read
+        by read, so only the request that caused it fails."""
+        while waiting := [r for r in self.active if isinstance(r.call, HOST)]:
             self._together(waiting, lambda reads: read_together(reads))     # (looked up here: tools wrap it)
 
     def _together(self, reqs: list[Request], run) -> None:

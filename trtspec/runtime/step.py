@@ -6,8 +6,9 @@
     with a grammar only)
     -> one target forward over the tree -> each node's logits under the request's rules (logits.py:
     penalties of its own path, logit_bias, min_tokens, the grammar's mask) -> exact acceptance
-    (verify.py, on the device; its result read with the batch's other requests' in one transfer:
-    runner.read) -> commit the accepted rows of the target cache and of the draft cache
+    (verify.py, on the device, chosen with the phase's other requests' trees in one pass and read
+    with theirs in one transfer: verify.check, runner.read_together) -> commit the accepted rows of
+    the target cache and of the draft cache
     -> logprobs of the emitted tokens (when asked) -> report
 
 It is a coroutine of model calls (runner.py), so the scheduler batches many requests' steps.
@@ -22,7 +23,7 @@ from . import verify
 from .decode import DecodeState, StepStats
 from .logits import shape, token_logprobs
 from .proposal import Proposal
-from .runner import Calls, read
+from .runner import Calls
 from .sampling import probs_from_logits
 
 
@@ -47,11 +48,8 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     tree = proposal.tree.to(st.target.engine.device)
     raw = yield from st.target.verify(tree)
     logits = shape(st, tree, raw, masks)
-    if st.sampling.greedy:
-        choice = verify.greedy_choice(tree, logits)
-    else:
-        choice = verify.sampling_choice(tree, probs_from_logits(logits, st.sampling), st.gen)
-    last, nxt = yield from read(choice)            # the step's one host read, with its batch's (runner.read)
+    scores, gen = (logits, None) if st.sampling.greedy else (probs_from_logits(logits, st.sampling), st.gen)
+    last, nxt = yield from verify.check(tree, scores, gen)      # chosen and read with the phase's others
     path = tree.path(last)
     st.target.cache.commit(path)
     if proposal.draft_rows is not None:

@@ -1,36 +1,169 @@
-"""Verification of a TokenTree against one target forward over all its nodes.
+"""Verification of TokenTrees against one target forward over all their nodes.
 
-Both rules run where the logits are (the tree must be there too: `tree.to(device)`) and end with
-one host read, of (last accepted node, next token): `next_token` is the target's own token at the
-last accepted node (the correction, or the bonus token when a leaf was reached). The accepted path
-root..last (ascending, the KV rows to commit) then comes from the host's copy of the parents, and
-the emitted tokens are tokens[path[1:]] + next.
+A step hands its tree and the target's scores at every node (logits under greedy decoding, else
+probabilities) to `check`, which yields a `Check`; the scheduler chooses every Check of a target
+phase together (`choose_together`: greedy rows in one pass over the flattened nodes, sampled rows in
+one walk, each request drawing from its own generator) and reads the results with the phase's other
+reads in one transfer (runner.read_together). Each result is (last accepted node, next token):
+`next_token` is the target's own token at the last accepted node (the correction, or the bonus token
+when a leaf was reached). The accepted path root..last (ascending, the KV rows to commit) then comes
+from the host's copy of the parents, and the emitted tokens are tokens[path[1:]] + next.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .tree import TokenTree
 
+# A sampled walk runs over this many rows, padded, whatever the batch: its reductions (a row's
+# residual mass, the final draw's cumulative sum) then have one shape, so a request's draws come out
+# the same whatever shares its batch (as the batcher pads the LM head's rows per token bucket).
+WALK_ROWS = 8
+
+
+@dataclass
+class Check:
+    """One request's verification, waiting to be chosen with its phase's others (`choose_together`)."""
+    tree: TokenTree                 # on the scores' device
+    scores: torch.Tensor            # [N, V]: the target's logits (greedy) or probabilities (sampled)
+    gen: torch.Generator | None     # the request's generator, on the scores' device; None: greedy
+    batcher = None                  # not a model call
+
+
+def check(tree: TokenTree, scores: torch.Tensor, gen: torch.Generator | None = None):
+    """`last, nxt = yield from check(tree, scores, gen)`: the accepted node and the next token, chosen
+    and read with the phase's other requests' (gen None: greedy, scores are logits)."""
+    last, nxt = yield Check(tree, scores, gen)
+    return last, nxt
+
+
+def choose_together(checks: list[Check], batched: bool | None = None) -> torch.Tensor:
+    """[C, 2] device tensor of (last node, next token) per Check, in order. Greedy checks are chosen in
+    one pass, sampled ones in one walk per WALK_ROWS requests when `batched` (default: off the CPU);
+    on the CPU, where the host is the device and a read costs nothing, request by request with early
+    exit (the same draws and result, less work: docs/benchmarks.md, "one verification per batch")."""
+    out: list[torch.Tensor | None] = [None] * len(checks)
+    greedy = [i for i, c in enumerate(checks) if c.gen is None]
+    sampled = [i for i, c in enumerate(checks) if c.gen is not None]
+    if greedy:
+        rows = greedy_choices([checks[i].tree for i in greedy], [checks[i].scores for i in greedy])
+        for i, row in zip(greedy, rows):
+            out[i] = row
+    if sampled:
+        if batched is None:
+            batched = checks[sampled[0]].scores.device.type != "cpu"
+        group = [checks[i] for i in sampled]
+        rows = sampling_choices([c.tree for c in group], [c.scores for c in group], [c.gen for c in group]) \
+            if batched else [sampling_choice(c.tree, c.scores, c.gen) for c in group]
+        for i, row in zip(sampled, rows):
+            out[i] = row
+    return torch.stack(out)
+
+
+def greedy_choices(trees: list[TokenTree], logits: list[torch.Tensor]) -> torch.Tensor:
+    """[B, 2]: per tree, the longest root path along which every node is the target's argmax at its
+    parent (last node, next token), for all trees at once over their flattened nodes.
+
+    A node survives when neither it nor any ancestor mismatches; each tree's deepest survivor wins
+    (siblings carry distinct tokens, so at most one node per depth can survive)."""
+    dev = trees[0].device
+    sizes = np.array([len(t) for t in trees])
+    off = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    parents = np.concatenate([np.where(t.host_parents >= 0, t.host_parents + o, -1) for t, o in zip(trees, off)])
+    host = np.stack([parents, np.concatenate([t.host_depth for t in trees]), np.repeat(np.arange(len(trees)), sizes)])
+    parents, depth, seg = torch.from_numpy(host).to(dev)                   # one copy, host -> device
+    tokens = torch.cat([t.tokens for t in trees])
+    best = torch.cat([x.argmax(-1) for x in logits])                       # [sum N]
+    mismatch = (tokens != best[parents.clamp(min=0)]) & (parents >= 0)
+    ancestors = torch.block_diag(*[t.ancestors for t in trees])
+    alive = ~(ancestors & mismatch.unsqueeze(0)).any(-1)
+    n = len(tokens)                                  # deepest survivor per tree: max of depth * n + index
+    key = torch.where(alive, depth * n + torch.arange(n, device=dev), -1)
+    last = torch.full((len(trees),), -1, dtype=torch.int64, device=dev).scatter_reduce(0, seg, key, "amax") % n
+    return torch.stack([last - torch.from_numpy(off).to(dev), best[last]], -1)
+
 
 def greedy_choice(tree: TokenTree, target_logits: torch.Tensor) -> torch.Tensor:
-    """Longest root path along which every node is the target's argmax at its parent, as a device
-    tensor [last node, next token].
-
-    Vectorized: a node survives when neither it nor any ancestor mismatches; the deepest survivor
-    wins (siblings carry distinct tokens, so at most one node per depth can survive)."""
-    best = target_logits.argmax(-1)                                  # [N]
-    mismatch = (tree.tokens != best[tree.parents.clamp(min=0)]) & (tree.parents >= 0)
-    alive = ~(tree.ancestors & mismatch.unsqueeze(0)).any(-1)        # [N]
-    last = torch.where(alive, tree.depth, -1).argmax()
-    return torch.stack([last, best[last]])
+    """greedy_choices of one tree: a device tensor [last node, next token]."""
+    return greedy_choices([tree], [target_logits])[0]
 
 
 def sampling_choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator,
                     early_exit: bool | None = None) -> torch.Tensor:
-    """Exact multi-candidate speculative sampling (SpecInfer / Sequoia recursive rejection), as a
-    device tensor [last node, next token].
+    """sampling_choices of one tree: a device tensor [last node, next token]. `early_exit` (default:
+    on the CPU, where a read costs nothing) stops the walk once it has moved on or stopped."""
+    if early_exit is None:
+        early_exit = target_probs.device.type == "cpu"
+    return _walk([tree], [target_probs], [gen], 1, early_exit)[0]
+
+
+def sampling_choices(trees: list[TokenTree], probs: list[torch.Tensor], gens: list[torch.Generator]) -> torch.Tensor:
+    """[B, 2]: exact multi-candidate speculative sampling of every tree (`_walk`), WALK_ROWS at a time."""
+    return torch.cat([_walk(trees[i:i + WALK_ROWS], probs[i:i + WALK_ROWS], gens[i:i + WALK_ROWS], WALK_ROWS, False)
+                      for i in range(0, len(trees), WALK_ROWS)])
+
+
+@dataclass
+class _Forest:
+    """Up to `rows` trees' nodes flattened for one walk, padded to `rows` rows, and each row's draws."""
+    probs: torch.Tensor             # [sum N, V] every node's target probabilities
+    q: torch.Tensor | None          # [sum N, V] each node's proposal distribution (NaN: deterministic)
+    tokens: torch.Tensor            # [sum N]
+    table: torch.Tensor             # [sum N, k] each node's children, in order (flat indices; -1 past them)
+    widths: list[int]               # the most children of any node at each depth (host)
+    u: torch.Tensor                 # [rows, depth * k] each row's trial uniforms, trial (d, j) at d * k + j
+    final: torch.Tensor             # [rows, 1] float64, each row's uniform for its last token
+    start: torch.Tensor             # [rows] each row's root (0 for a pad row)
+    pad: torch.Tensor               # [rows] bool: a pad row, which never moves
+
+
+def _forest(trees, probs, gens, rows: int) -> _Forest:
+    """The trees flattened, laid out on the host and copied to the device in one go; each request
+    draws from its own generator, in its own order: one uniform per trial its own tree has (depth by
+    depth, sibling by sibling), then one for its last token."""
+    dev, b = probs[0].device, len(trees)
+    off = np.concatenate([[0], np.cumsum([len(t) for t in trees])]).astype(np.int64)
+    parents = np.concatenate([np.where(t.host_parents >= 0, t.host_parents + o, -1) for t, o in zip(trees, off)])
+    depth = np.concatenate([t.host_depth for t in trees])
+    child = np.flatnonzero(parents >= 0)
+    counts = np.bincount(parents[child], minlength=len(parents))
+    widths = np.zeros(int(depth.max()) + 1, dtype=np.int64)
+    np.maximum.at(widths, depth, counts)
+    k = max(int(widths.max()), 1)
+    by_parent = np.argsort(parents[child], kind="stable")        # siblings in node order
+    grouped = parents[child][by_parent]
+    rank = np.empty_like(child)
+    rank[by_parent] = np.arange(len(child)) - np.searchsorted(grouped, grouped)
+    table = np.full((len(parents), k), -1, dtype=np.int64)
+    table[parents[child], rank] = child
+    trials = []                                   # each tree's trials (d, j) at d * k + j of its row
+    for i, t in enumerate(trees):
+        own = np.zeros(len(widths), dtype=np.int64)
+        np.maximum.at(own, t.host_depth, counts[off[i]:off[i + 1]])
+        trials.append(np.concatenate([i * len(widths) * k + d * k + np.arange(w) for d, w in enumerate(own)]))
+    host = np.concatenate([table.ravel(), off[:-1], *trials])
+    table_d, start_d, at = torch.from_numpy(host).to(dev).split([table.size, b, len(host) - table.size - b])   # one copy
+    u = torch.ones(rows * len(widths) * k, device=dev)
+    u[at] = torch.cat([torch.rand(len(x), generator=g, device=dev) for x, g in zip(trials, gens)])
+    final = torch.zeros(rows, 1, dtype=torch.float64, device=dev)
+    final[:b] = torch.cat([torch.rand(1, 1, dtype=torch.float64, generator=g, device=dev) for g in gens])
+    start = torch.zeros(rows, dtype=torch.int64, device=dev)
+    start[:b] = start_d
+    cat = (lambda xs: xs[0]) if b == 1 else torch.cat             # one tree: no copy
+    flat, tokens = cat(probs), cat([t.tokens for t in trees])
+    q = None
+    if any(t.q is not None for t in trees):       # a tree with no q: every child deterministic (NaN rows)
+        q = cat([t.q if t.q is not None else flat.new_full((len(t), flat.shape[1]), float("nan")) for t in trees])
+    return _Forest(flat, q, tokens, table_d.view(len(parents), k), widths.tolist(), u.view(rows, -1), final,
+                   start, torch.arange(rows, device=dev) >= b)
+
+
+def _walk(trees, probs, gens, rows: int, early_exit: bool) -> torch.Tensor:
+    """Exact multi-candidate speculative sampling (SpecInfer / Sequoia recursive rejection) of up to
+    `rows` trees at once, padded to `rows`: [len(trees), 2] (last node, next token).
 
     At each node, children are tried in order. A child drawn from q is accepted with probability
     min(1, p(y)/q(y)); on rejection p <- norm(max(p - q, 0)). A deterministic child is q = one-hot:
@@ -41,47 +174,56 @@ def sampling_choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Gene
     earlier siblings were removed).
 
     The walk never reads the device: it takes a fixed number of trials, one per (depth, sibling
-    rank) the tree has (`child_table` widths, known on the host), each masked off once the walk has
-    moved on or stopped, with every uniform drawn up front (one per trial). `early_exit` (default: on
-    the CPU, where the host is the device and a read costs nothing) skips the trials left once the
-    walk has moved on or stopped: the same draws, the same result, fewer vector passes."""
-    if early_exit is None:
-        early_exit = target_probs.device.type == "cpu"
-    table, widths = tree.child_table()
-    u = torch.rand(sum(widths), generator=gen, device=target_probs.device)
-    node = torch.zeros((), dtype=torch.int64, device=target_probs.device)
-    stopped = torch.zeros((), dtype=torch.bool, device=target_probs.device)
-    p, trial = target_probs[0], 0
-    for width in widths:                            # one level per depth the walk can reach
-        if early_exit and bool(stopped):
+    rank) any tree has (`child_table` widths, known on the host), each masked off once a tree's walk
+    has moved on or stopped, with every uniform drawn up front (`_forest`). With `early_exit` it
+    skips the trials left once every row has moved on or stopped: the same draws, the same result,
+    fewer vector passes."""
+    f = _forest(trees, probs, gens, rows)
+    node, stopped, k = f.start, f.pad, f.table.shape[1]
+    p = f.probs[node]
+    for d, width in enumerate(f.widths):          # one level per depth a walk can reach
+        if early_exit and bool(stopped.all()):
             break
-        p = torch.where(stopped, p, target_probs[node])
+        p = torch.where(stopped.unsqueeze(1), p, f.probs[node])
         moved = torch.zeros_like(stopped)
         for j in range(width):
-            if early_exit and bool(moved | (table[node, j] < 0)):
-                break
-            child = table[node, j]
+            child = f.table[node, j]
             live = (child >= 0) & ~moved & ~stopped
+            if early_exit and not bool(live.any()):
+                break
             child = child.clamp(min=0)
-            y = tree.tokens[child]
-            without_y = p.scatter(0, y.view(1), 0.0)                  # the residual for q = one-hot
-            if tree.q is None:
-                accept, rest = u[trial + j] < p[y], without_y
-            else:
-                q = tree.q[child]
-                one_hot = torch.isnan(q[0])
-                accept = torch.where(one_hot, u[trial + j] < p[y], u[trial + j] * q[y] < p[y])
-                rest = torch.where(one_hot, without_y, (p - q).clamp_(min=0.0))
-            accept = accept & live
-            p = torch.where(live & ~accept, rest / rest.sum(), p)
+            p, accept = _trial(f, p, child, live, f.u[:, d * k + j])
             node = torch.where(accept, child, node)
             moved |= accept
         stopped |= ~moved
-        trial += width
-    # Only by rounding can all of p's mass sit on rejected candidates (0/0: NaN, every later sibling
-    # rejected): then the token is drawn from the node's own p.
-    p = torch.where(p.sum() > 0, p, target_probs[node])
-    return torch.stack([node, torch.multinomial(p, 1, generator=gen)[0]])
+    return torch.stack([node - f.start, _draw(p, f.probs[node], f.final)], -1)[:len(trees)]
+
+
+def _trial(f: _Forest, p: torch.Tensor, child: torch.Tensor, live: torch.Tensor, u: torch.Tensor):
+    """Each live row tries its `child`: (p after the trial, whether the child was accepted)."""
+    y = f.tokens[child].unsqueeze(1)
+    py = p.gather(1, y)[:, 0]
+    without_y = p.scatter(1, y, 0.0)                                     # the residual for q = one-hot
+    if f.q is None:
+        accept, rest = u < py, without_y
+    else:
+        q = f.q[child]
+        one_hot = torch.isnan(q[:, 0])
+        accept = torch.where(one_hot, u < py, u * q.gather(1, y)[:, 0] < py)
+        rest = torch.where(one_hot.unsqueeze(1), without_y, (p - q).clamp_(min=0.0))
+    accept = accept & live
+    return torch.where((live & ~accept).unsqueeze(1), rest / rest.sum(-1, keepdim=True), p), accept
+
+
+def _draw(p: torch.Tensor, own: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """[rows] each row's last token, drawn from what is left of p by inverse CDF (`final`: a uniform
+    per row). Only by rounding can all of p's mass sit on rejected candidates (0/0: NaN, every later
+    sibling rejected): then the token is drawn from the node's own p (`own`)."""
+    p = torch.where(p.sum(-1, keepdim=True) > 0, p, own)
+    cdf = p.double().cumsum(-1)
+    total = cdf[:, -1:]
+    # the first token whose cumulative mass passes the draw; never one past the last token with mass
+    return torch.minimum(torch.searchsorted(cdf, final * total, right=True), (cdf < total).sum(-1, keepdim=True))[:, 0]
 
 
 def verify_greedy(tree: TokenTree, target_logits: torch.Tensor) -> tuple[np.ndarray, int]:

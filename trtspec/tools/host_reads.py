@@ -94,7 +94,7 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
         drive(d_run.prefill(prompt[:-1]))
     reads = HostReads()
     reads.phase = "draft"
-    commit, walk = step_mod.verify_and_commit, verify_mod.sampling_choice
+    commit, together = step_mod.verify_and_commit, verify_mod.choose_together
 
     def verify_phase(*args, **kwargs):
         reads.phase = "verify"
@@ -103,13 +103,13 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
         finally:
             reads.phase = "draft"
     step_mod.verify_and_commit = verify_phase
-    verify_mod.sampling_choice = lambda *a: walk(*a, early_exit=False)     # the walk as a GPU runs it
+    verify_mod.choose_together = lambda checks: together(checks, batched=True)     # as a GPU chooses
     try:
         with reads.uncounted(target, draft), reads:
             while st.n_tokens < len(prompt) + tokens:
                 st.append(drive(step_mod.step(st, strat)))
     finally:
-        step_mod.verify_and_commit, verify_mod.sampling_choice = commit, walk
+        step_mod.verify_and_commit, verify_mod.choose_together = commit, together
     steps = len(st.steps)
     per_step = {ph: sum(reads.counts.get(ph, Counter()).values()) / steps for ph in ("verify", "draft")}
     return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "steps": steps,
@@ -133,7 +133,7 @@ def count_batch(name: str, sampling, target, draft, tokens: int, batch: int) -> 
     reads, phases, rounds, in_target = HostReads(), [0], [0], [False]
     reads.phase = "draft"
     Sched = sched_mod.Scheduler
-    commit, walk, iteration, run = step_mod.verify_and_commit, verify_mod.sampling_choice, Sched.iteration, Sched._run
+    commit, choose, iteration, run = step_mod.verify_and_commit, verify_mod.choose_together, Sched.iteration, Sched._run
     together = getattr(sched_mod, "read_together", None)
 
     def verify_phase(*args, **kwargs):             # "verify" whenever this request's verification runs
@@ -165,7 +165,8 @@ def count_batch(name: str, sampling, target, draft, tokens: int, batch: int) -> 
     def counted_iteration(self):                   # the mode is per thread: enter it in the scheduler's
         with reads:
             iteration(self)
-    step_mod.verify_and_commit, verify_mod.sampling_choice = verify_phase, lambda *a: walk(*a, early_exit=False)
+    step_mod.verify_and_commit = verify_phase
+    verify_mod.choose_together = lambda checks: choose(checks, batched=True)          # as a GPU chooses
     Sched.iteration, Sched._run = counted_iteration, run_phase
     if together is not None:
         sched_mod.read_together = read_phase
@@ -176,7 +177,7 @@ def count_batch(name: str, sampling, target, draft, tokens: int, batch: int) -> 
             for h in handles:
                 h.result()
     finally:
-        step_mod.verify_and_commit, verify_mod.sampling_choice = commit, walk
+        step_mod.verify_and_commit, verify_mod.choose_together = commit, choose
         Sched.iteration, Sched._run = iteration, run
         if together is not None:
             sched_mod.read_together = together

@@ -5,6 +5,7 @@ architectures, and for each setting, eager and as CUDA graphs:
   one token per forward, bit for bit (inspect_engines.count_differences);
 - `strategies`: every strategy's greedy output against `ar` under the same setting;
 - `batch`: B in 1, 2, 4, 8 requests of mixed strategies at once, each against its own `ar`;
+- `sampled_batch`: 8 sampled requests at once (verified in one batched walk), each against itself alone;
 - `graphs_equal_eager`: the CUDA-graph run's tokens against the eager run's, strategy by strategy;
 - `chi_square`: the first token of sampled `staged` against the target's own distribution.
 """
@@ -116,10 +117,22 @@ def check(eng, draft, device, setting, ps, capacity, z, trees, deadline, runs_le
             jobs = [(i % len(ps), (("ar",) + STRATEGIES)[i % (len(STRATEGIES) + 1)]) for i in range(b)]
             handles = [gen.submit(ps[i], strategy=s, max_new_tokens=z["tokens"]) for i, s in jobs]
             res["batch"][b] = sum(h.result(timeout=600).token_ids != refs[i] for (i, _), h in zip(jobs, handles))
+        res["sampled_batch"] = sampled_batch(gen, ps, z["tokens"])
         res["outputs"] = outputs
     finally:
         gen.close()
     return res
+
+
+def sampled_batch(gen, ps, tokens: int) -> dict:
+    """8 sampled requests (fixed chains, whose trees do not follow the batch) at once, each against
+    its own run alone with the same seed: verified together in one walk (verify.WALK_ROWS rows), each
+    drawing from its own generator, a request's tokens must not depend on its neighbours."""
+    sp = SamplingParams(temperature=1.0)
+    jobs = [(ps[i % len(ps)], "chain:k=4" if i % 2 else "chain:k=2", i) for i in range(8)]
+    alone = [gen.generate(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens).token_ids for p, s, seed in jobs]
+    handles = [gen.submit(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens) for p, s, seed in jobs]
+    return {"requests": len(jobs), "differ": sum(h.result(timeout=600).token_ids != a for h, a in zip(handles, alone))}
 
 
 def chi_square(device: str, tiny: bool, z: dict) -> dict:

@@ -31,20 +31,22 @@ def _exact(e: dict, _res) -> list[str]:
            "step shape, the whole KV buffer, no reduced-precision reductions or split-K), fixed-fp64 (and "
            "fp64 attention); `+graphs`: the same as CUDA graphs.", "",
            "| arch | setting | trees: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
-           "| graphs = eager | s |", "|---|---|---|---|---|---|---|"]
+           "| sampled, 8 at once ≠ alone | graphs = eager | s |", "|---|---|---|---|---|---|---|---|"]
     for arch, runs in e["archs"].items():
         for name, r in runs.items():
             if name == "model":
                 continue
             if "skipped" in r or "trees" not in r:
-                out.append(f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | |")
+                out.append(f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | | |")
                 continue
             t = r["trees"]
             s = r.get("strategies", {})
             batch = "/".join(str(v) for v in r.get("batch", {}).values())
+            sb = r.get("sampled_batch", {})
+            sampled = f"{sb['differ']} of {sb['requests']}" if sb else ""
             out.append(f"| {arch} | {name} | {t['differ']} / {t['nodes']} (max Δ {t['max_abs_diff']:.3g}) | "
                        f"{len(s.get('differ', []))} of {s.get('checked', 0) * s.get('prompts', 0)} | {batch} | "
-                       f"{r.get('graphs_equal_eager', '')} | {r.get('seconds', '')} |")
+                       f"{sampled} | {r.get('graphs_equal_eager', '')} | {r.get('seconds', '')} |")
     if c := e.get("chi_square"):
         out += ["", f"Sampled `staged` (fixed): first token over {c['samples']} samples vs the target's "
                 f"distribution, chi-square p = {c['p_value']:.3g} — {'passes' if c['passes'] else 'FAILS'} (p > 0.001)."]
