@@ -162,3 +162,14 @@ def test_nothing_outside_the_budget_reaches_past_its_protocol():
                 bad.append(f"{path.relative_to(PKG)}:{line} reads budget.{attr}")
     assert not bad, "\n".join(bad)
     assert {"begin", "plan", "observe"} <= seen            # the rule looks at the places that use it
+
+
+LONGEST = 50          # lines from `def` to a function's last line, docstring included (gpt-fast's loop is ~50)
+
+
+def test_no_runtime_function_is_longer_than_a_screen():
+    """Every function in runtime/ fits on one screen, the step loop included (docs/ARCHITECTURE.md)."""
+    long = [f"{p.relative_to(PKG)}:{n.lineno} {n.name}: {n.end_lineno - n.lineno + 1} lines"
+            for p in sorted((PKG / "runtime").rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > LONGEST]
+    assert not long, "\n".join(long)

@@ -132,9 +132,25 @@ class Batcher:
 
     def _run(self, calls: list[Call]) -> list[torch.Tensor]:
         self.forwards += 1
-        b = len(calls)
-        self.rows += b
+        self.rows += len(calls)
         caches = [c.cache for c in calls]
+        ids, pos, mask, rows = self._inputs(calls, *self._shape(calls))
+        if self.timed:
+            logits = self._timed_step("prefill" if all(c.phase == "prefill" for c in calls) else "step",
+                                      caches, ids, pos, mask, rows)
+        else:
+            logits = self.engine.step_batch(caches, ids, pos, mask, rows)
+        out = []
+        for i, call in enumerate(calls):
+            call.cache.advance(call.t)              # the real rows; the pad rows after them are dropped
+            x = logits[i, : call.r]
+            out.append(x.clone() if self.engine.logits_in_own_buffer else x)
+        return out
+
+    def _shape(self, calls: list[Call]) -> tuple[int, int, int, bool]:
+        """(T, C, R, exact): new tokens, past and logit rows of the step, padded; exact when it runs one
+        call at its own shape."""
+        b = len(calls)
         t_real = max(c.t for c in calls)
         t = bucket(t_real, self.token_buckets)
         c_real = max(c.cache.used for c in calls)
@@ -147,7 +163,11 @@ class Batcher:
         r = max(c.r for c in calls)
         if t > t_real and (r > 1 or self.fixed_rows):
             r = t                                   # logit rows are static per token bucket
-        exact = b == 1 and t == t_real and past == c_real
+        return t, past, r, b == 1 and t == t_real and past == c_real
+
+    def _inputs(self, calls: list[Call], t: int, past: int, r: int, exact: bool):
+        """The step's (ids, positions, mask, logit rows), written into the reused buffers."""
+        b = len(calls)
         ids = self._ids[: b * t].view(b, t)
         pos = self._pos[: b * t].view(b, t)
         rows = self._rows[: b * r].view(b, r)
@@ -159,32 +179,22 @@ class Batcher:
             ids[0].copy_(call.tokens)
             pos[0].copy_(call.positions)
             rows[0].copy_(call.rows if call.rows is not None else self._iota[:t])
-        else:
-            mask.zero_()
-            ids.zero_()
-            rows.zero_()
-            for i, call in enumerate(calls):
-                cache, n = call.cache, call.t
-                mask[i, :n, : cache.length] = True
-                mask[i, :n, cache.length: cache.used] = call.new_mask[:, : cache.scratch]
-                mask[i, :n, past: past + n] = call.new_mask[:, cache.scratch:]
-                pad = self._iota[n:t]
-                mask[i, pad, past + pad] = True     # pad tokens see only themselves
-                ids[i, :n] = call.tokens
-                pos[i, :n] = call.positions
-                pos[i, n:] = call.positions[-1]
-                rows[i, : call.r] = call.rows if call.rows is not None else self._iota[:n]
-        if self.timed:
-            logits = self._timed_step("prefill" if all(c.phase == "prefill" for c in calls) else "step",
-                                      caches, ids, pos, mask, rows)
-        else:
-            logits = self.engine.step_batch(caches, ids, pos, mask, rows)
-        out = []
+            return ids, pos, mask, rows
+        mask.zero_()
+        ids.zero_()
+        rows.zero_()
         for i, call in enumerate(calls):
-            call.cache.advance(call.t)              # the real rows; the pad rows after them are dropped
-            x = logits[i, : call.r]
-            out.append(x.clone() if self.engine.logits_in_own_buffer else x)
-        return out
+            cache, n = call.cache, call.t
+            mask[i, :n, : cache.length] = True
+            mask[i, :n, cache.length: cache.used] = call.new_mask[:, : cache.scratch]
+            mask[i, :n, past: past + n] = call.new_mask[:, cache.scratch:]
+            pad = self._iota[n:t]
+            mask[i, pad, past + pad] = True         # pad tokens see only themselves
+            ids[i, :n] = call.tokens
+            pos[i, :n] = call.positions
+            pos[i, n:] = call.positions[-1]
+            rows[i, : call.r] = call.rows if call.rows is not None else self._iota[:n]
+        return ids, pos, mask, rows
 
     def _timed_step(self, phase: str, *args) -> torch.Tensor:
         t0 = time.perf_counter()

@@ -86,7 +86,3 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
-
-
-def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=gen))

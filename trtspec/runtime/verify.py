@@ -41,20 +41,23 @@ def check(tree: TokenTree, scores: torch.Tensor, gen: torch.Generator | None = N
 
 
 def choose_together(checks: list[Check], batched: bool | None = None) -> torch.Tensor:
-    """[C, 2] device tensor of (last node, next token) per Check, in order. Greedy checks are chosen in
-    one pass, sampled ones in one walk per WALK_ROWS requests when `batched` (default: off the CPU);
-    on the CPU, where the host is the device and a read costs nothing, request by request with early
-    exit (the same draws and result, less work: docs/benchmarks.md, "one verification per batch")."""
+    """[C, 2] device tensor of (last node, next token) per Check, in order. With `batched` (default:
+    off the CPU) greedy checks are chosen in one pass over their flattened nodes and sampled ones in
+    one walk per WALK_ROWS requests; on the CPU, where the host is the device, a kernel launch costs
+    nothing and a read is free, request by request (the sampled walk with early exit): the same
+    draws and results, less work (docs/benchmarks.md, "One verification per batch")."""
+    if batched is None:
+        batched = checks[0].scores.device.type != "cpu"
     out: list[torch.Tensor | None] = [None] * len(checks)
     greedy = [i for i, c in enumerate(checks) if c.gen is None]
     sampled = [i for i, c in enumerate(checks) if c.gen is not None]
     if greedy:
-        rows = greedy_choices([checks[i].tree for i in greedy], [checks[i].scores for i in greedy])
+        group = [checks[i] for i in greedy]
+        rows = greedy_choices([c.tree for c in group], [c.scores for c in group]) if batched else \
+            [greedy_choice(c.tree, c.scores) for c in group]
         for i, row in zip(greedy, rows):
             out[i] = row
     if sampled:
-        if batched is None:
-            batched = checks[sampled[0]].scores.device.type != "cpu"
         group = [checks[i] for i in sampled]
         rows = sampling_choices([c.tree for c in group], [c.scores for c in group], [c.gen for c in group]) \
             if batched else [sampling_choice(c.tree, c.scores, c.gen) for c in group]
@@ -87,8 +90,13 @@ def greedy_choices(trees: list[TokenTree], logits: list[torch.Tensor]) -> torch.
 
 
 def greedy_choice(tree: TokenTree, target_logits: torch.Tensor) -> torch.Tensor:
-    """greedy_choices of one tree: a device tensor [last node, next token]."""
-    return greedy_choices([tree], [target_logits])[0]
+    """greedy_choices of one tree, with its own tensors (no flattening): a device tensor [last node,
+    next token]."""
+    best = target_logits.argmax(-1)                                  # [N]
+    mismatch = (tree.tokens != best[tree.parents.clamp(min=0)]) & (tree.parents >= 0)
+    alive = ~(tree.ancestors & mismatch.unsqueeze(0)).any(-1)        # [N]
+    last = torch.where(alive, tree.depth, -1).argmax()
+    return torch.stack([last, best[last]])
 
 
 def sampling_choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator,

@@ -16,7 +16,6 @@ from ..budget import Round
 from ..decode import DecodeState
 from ..proposal import Proposal
 from ..runner import Calls, read
-from ..sampling import sample
 from ..tree import TokenTree
 from .base import Strategy
 
@@ -66,7 +65,7 @@ class ChainSpeculative(Strategy):
             joined.append(v)
             value = v
             if not greedy:
-                tok = sample(q, st.gen)            # the draft step's one host read
+                tok = (yield from read(torch.multinomial(q, 1, generator=st.gen)))[0]   # with its round's reads
                 qs.append(q)
             probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)
