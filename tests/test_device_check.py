@@ -2,7 +2,8 @@
 section runs and reports, and what it measures on CPU holds: fixed step shapes with fp64 attention
 give a tree row exactly the logits of the same path fed one token per forward (plain shapes do
 not), every strategy equals `ar` alone and batched, sampled requests batched equal themselves alone,
-graph-bucket runs equal eager ones, sampled `staged` passes its chi-square, and forced acceptance keeps every output equal to `ar`'s."""
+graph-bucket runs equal eager ones, sampled `staged` passes its chi-square, and forced acceptance
+keeps every output equal to `ar`'s."""
 from __future__ import annotations
 
 import json

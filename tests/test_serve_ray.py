@@ -173,11 +173,18 @@ def test_metrics_carry_each_replica_on_one_endpoint(ray_server):
     def tokens() -> dict[str, float]:
         return {dict(k[1])["replica"]: v for k, v in metric_values(ray_server).items()
                 if k[0] == "trtspec_generation_tokens_total"}
-    before, c, served = tokens(), ray_server.client(), []
+    def settled() -> dict[str, float]:                 # replicas push every second: wait for the last push
+        now = tokens()
+        for _ in range(10):                            # (an earlier test's cancelled requests may still count)
+            time.sleep(1.5)
+            now, last = tokens(), now
+            if now == last:
+                break
+        return now
+    before, c, served = settled(), ray_server.client(), []
     for i in range(6):
         served.append(completion(c, PROMPTS[i % 4], "ar", n=10).headers["x-trtspec-replica"])
-    time.sleep(2.5)                                    # replicas push every second
-    after = tokens()
+    after = settled()
     for name in set(served):
         assert after[name] - before.get(name, 0) == 10 * served.count(name)
     values = metric_values(ray_server)

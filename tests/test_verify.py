@@ -388,7 +388,8 @@ def test_a_batch_is_chosen_as_each_tree_alone(data):
         probs = probs_from_logits(logits, SamplingParams(temperature=data.draw(hst.sampled_from([0.5, 1.0, 1.5]))))
         seed = data.draw(hst.integers(0, 2**16))
         mine = torch.Generator().manual_seed(seed)
-        alone.append(sampling_choice(tree, probs, mine, early_exit=True).tolist() + [mine.get_state().numpy().tobytes()])
+        chosen = sampling_choice(tree, probs, mine, early_exit=True).tolist()
+        alone.append(chosen + [mine.get_state().numpy().tobytes()])
         checks.append(Check(tree, probs, torch.Generator().manual_seed(seed)))
     for batched in (True, False):
         for c in checks:

@@ -153,7 +153,8 @@ def _forest(trees, probs, gens, rows: int) -> _Forest:
         np.maximum.at(own, t.host_depth, counts[off[i]:off[i + 1]])
         trials.append(np.concatenate([i * len(widths) * k + d * k + np.arange(w) for d, w in enumerate(own)]))
     host = np.concatenate([table.ravel(), off[:-1], *trials])
-    table_d, start_d, at = torch.from_numpy(host).to(dev).split([table.size, b, len(host) - table.size - b])   # one copy
+    sizes = [table.size, b, len(host) - table.size - b]
+    table_d, start_d, at = torch.from_numpy(host).to(dev).split(sizes)         # one copy, host -> device
     u = torch.ones(rows * len(widths) * k, device=dev)
     u[at] = torch.cat([torch.rand(len(x), generator=g, device=dev) for x, g in zip(trials, gens)])
     final = torch.zeros(rows, 1, dtype=torch.float64, device=dev)
@@ -182,7 +183,7 @@ def _walk(trees, probs, gens, rows: int, early_exit: bool) -> torch.Tensor:
     earlier siblings were removed).
 
     The walk never reads the device: it takes a fixed number of trials, one per (depth, sibling
-    rank) any tree has (`child_table` widths, known on the host), each masked off once a tree's walk
+    rank) any tree has (widths known on the host), each masked off once a tree's walk
     has moved on or stopped, with every uniform drawn up front (`_forest`). With `early_exit` it
     skips the trials left once every row has moved on or stopped: the same draws, the same result,
     fewer vector passes."""

@@ -3,15 +3,20 @@
 (tests/conftest.py's GPU_LIKE and CPU_LIKE). Two checkouts that choose the same trees write
 byte-identical files (the timing-dependent `measured_gain` is left out).
 
-    python docs/bench/redesign-2/record_trees.py OUT.json [CHECKOUT]     # CHECKOUT: default, this one
+    python docs/bench/redesign-2/record_trees.py OUT.json [CHECKOUT] [--greedy-only]   # CHECKOUT: default, this one
     cmp before.json after.json
+
+`--greedy-only` records the 136 greedy runs alone (a change to sampled draws then cannot reach
+them through the Generator's shared suffix store).
 """
 import json
 import random
 import sys
 from pathlib import Path
 
-repo = Path(sys.argv[2] if len(sys.argv) > 2 else Path(__file__).resolve().parents[3])
+greedy_only = "--greedy-only" in sys.argv
+args = [a for a in sys.argv[1:] if a != "--greedy-only"]
+repo = Path(args[1] if len(args) > 1 else Path(__file__).resolve().parents[3])
 sys.path[:0] = [str(repo / "tests"), str(repo)]
 import conftest as C  # noqa: E402
 from trtspec.runtime.sampling import SamplingParams  # noqa: E402
@@ -30,10 +35,10 @@ for costs_name, costs in (("gpu", C.GPU_LIKE), ("cpu", C.CPU_LIKE)):
         gen = pair.generator(capacity=256, costs=costs)
         for s in STRATEGIES:
             for pi, p in enumerate(prompts[arch]):
-                for samp in ("greedy", "t0.8"):
+                for samp in ("greedy",) if greedy_only else ("greedy", "t0.8"):
                     sp = SamplingParams() if samp == "greedy" else SamplingParams(temperature=0.8)
                     r = gen.generate(p, strategy=s, max_new_tokens=40, sampling=sp, seed=5, record_trees=True)
                     steps = [{k: v for k, v in st.extra.items() if k != "measured_gain"} for st in r.steps]
                     out[f"{costs_name}|{arch}|{s}|{pi}|{samp}"] = {"ids": r.token_ids, "steps": steps}
-json.dump(out, open(sys.argv[1], "w"), indent=0, sort_keys=True, default=str)
+json.dump(out, open(args[0], "w"), indent=0, sort_keys=True, default=str)
 print(len(out), "runs")

@@ -130,7 +130,8 @@ def sampled_batch(gen, ps, tokens: int) -> dict:
     drawing from its own generator, a request's tokens must not depend on its neighbours."""
     sp = SamplingParams(temperature=1.0)
     jobs = [(ps[i % len(ps)], "chain:k=4" if i % 2 else "chain:k=2", i) for i in range(8)]
-    alone = [gen.generate(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens).token_ids for p, s, seed in jobs]
+    alone = [gen.generate(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens).token_ids
+             for p, s, seed in jobs]
     handles = [gen.submit(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens) for p, s, seed in jobs]
     return {"requests": len(jobs), "differ": sum(h.result(timeout=600).token_ids != a for h, a in zip(handles, alone))}
 
