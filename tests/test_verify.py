@@ -331,15 +331,22 @@ def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
 @settings(max_examples=60, deadline=None, database=None)
 @given(hst.data())
 def test_child_table_lists_children_in_order(data):
-    n = data.draw(hst.integers(1, 30))
-    tree = TokenTree(list(range(n)), [-1] + [data.draw(hst.integers(0, i - 1)) for i in range(1, n)])
-    table, widths = tree.child_table()
-    kids = tree.children()
-    assert table.shape == (n, max(map(len, kids)))
-    for node, row in enumerate(table.tolist()):
-        assert row == kids[node] + [-1] * (table.shape[1] - len(kids[node]))
-    for d, w in enumerate(widths):
-        assert w == max(len(kids[i]) for i in range(n) if tree.host_depth[i] == d)
+    """The sampled walk's layout of a phase's trees (verify._forest): each node's children in node
+    order (the order siblings are tried), at flat indices, and the most children at each depth."""
+    trees = []
+    for _ in range(data.draw(hst.integers(1, 3))):
+        n = data.draw(hst.integers(1, 30))
+        trees.append(TokenTree(list(range(n)), [-1] + [data.draw(hst.integers(0, i - 1)) for i in range(1, n)]))
+    forest = verify_mod._forest(trees, [torch.ones(len(t), 4) for t in trees],
+                                [torch.Generator().manual_seed(0) for _ in trees], WALK_ROWS)
+    kids = [[c + off for c in k] for t, off in zip(trees, np.cumsum([0] + [len(t) for t in trees]))
+            for k in t.children()]
+    depth = np.concatenate([t.host_depth for t in trees])
+    assert forest.table.shape == (len(kids), max(max(map(len, kids)), 1))
+    for node, row in enumerate(forest.table.tolist()):
+        assert row == kids[node] + [-1] * (forest.table.shape[1] - len(kids[node]))
+    for d, w in enumerate(forest.widths):
+        assert w == max(len(kids[i]) for i in range(len(kids)) if depth[i] == d)
 
 
 @settings(max_examples=40, deadline=None, database=None)

@@ -8,9 +8,10 @@ topological order (parent index < child index), so a root-to-node path is ascend
 NaN) marks a deterministic child (argmax / top-k / n-gram / merged), verified with q = one-hot.
 
 Strategies build a tree on the host; `tree.to(device)` puts it where the target runs with one copy
-of (tokens, parents, depth), and the ancestor mask and child table are computed there from the
-parents, with no read back. The host keeps its own copy of the tokens and parents, so `path()`,
-`children()` and the emitted tokens never read the device.
+of (tokens, parents, depth), and the ancestor mask is computed there from the parents, with no
+read back (verification lays out a phase's trees' children on the host: verify._forest). The
+host keeps its own copy of the tokens and parents, so `path()`, `children()` and the emitted
+tokens never read the device.
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ class TokenTree:
         self.tokens, self.parents, self.depth = packed[0], packed[1], packed[2]     # [N] int64 each
         self.q = None if q is None else q.to(self.device)                          # [N, V] or None
         self.ancestors = self._closure()          # [N, N] bool: [i, j] = j is i or an ancestor of i
-        self._kids: tuple[torch.Tensor, list[int]] | None = None
 
     def _closure(self) -> torch.Tensor:
         """Ancestor-or-self mask by repeated squaring of (I + parent edges): after k squarings it holds
@@ -73,24 +73,6 @@ class TokenTree:
             if parent >= 0:
                 kids[parent].append(child)
         return kids
-
-    def child_table(self) -> tuple[torch.Tensor, list[int]]:
-        """(table, widths): table[node, j] = node's j-th child on the device (-1 past its last), and
-        widths[d] = the most children any node at depth d has (host), which bounds a walk's steps."""
-        if self._kids is None:
-            n = len(self)
-            counts = np.bincount(self.host_parents[1:], minlength=n)
-            widths = np.zeros(int(self.host_depth.max(initial=0)) + 1, dtype=np.int64)
-            np.maximum.at(widths, self.host_depth, counts)
-            k = int(counts.max(initial=0))
-            nodes = torch.arange(n, device=self.device)
-            siblings = self.parents.unsqueeze(0) == nodes.unsqueeze(1)             # [p, c]: c is p's child
-            rank = siblings.cumsum(-1).gather(0, self.parents.clamp(min=0).unsqueeze(0))[0] - 1
-            table = torch.full((n, k + 1), -1, dtype=torch.int64, device=self.device)
-            # The root has no parent: it lands in the spare last column, which is then dropped.
-            table[self.parents.clamp(min=0), torch.where(self.parents >= 0, rank, k)] = nodes
-            self._kids = table[:, :k], widths.tolist()
-        return self._kids
 
     def path(self, node: int) -> np.ndarray:
         """Node indices root..node, ascending (from the host's parents: no device read)."""

@@ -80,9 +80,7 @@ def greedy_choices(trees: list[TokenTree], logits: list[torch.Tensor]) -> torch.
     parents, depth, seg = torch.from_numpy(host).to(dev)                   # one copy, host -> device
     tokens = torch.cat([t.tokens for t in trees])
     best = torch.cat([x.argmax(-1) for x in logits])                       # [sum N]
-    mismatch = (tokens != best[parents.clamp(min=0)]) & (parents >= 0)
-    ancestors = torch.block_diag(*[t.ancestors for t in trees])
-    alive = ~(ancestors & mismatch.unsqueeze(0)).any(-1)
+    alive = _alive(tokens, parents, torch.block_diag(*[t.ancestors for t in trees]), best)
     n = len(tokens)                                  # deepest survivor per tree: max of depth * n + index
     key = torch.where(alive, depth * n + torch.arange(n, device=dev), -1)
     last = torch.full((len(trees),), -1, dtype=torch.int64, device=dev).scatter_reduce(0, seg, key, "amax") % n
@@ -93,10 +91,15 @@ def greedy_choice(tree: TokenTree, target_logits: torch.Tensor) -> torch.Tensor:
     """greedy_choices of one tree, with its own tensors (no flattening): a device tensor [last node,
     next token]."""
     best = target_logits.argmax(-1)                                  # [N]
-    mismatch = (tree.tokens != best[tree.parents.clamp(min=0)]) & (tree.parents >= 0)
-    alive = ~(tree.ancestors & mismatch.unsqueeze(0)).any(-1)        # [N]
-    last = torch.where(alive, tree.depth, -1).argmax()
+    last = torch.where(_alive(tree.tokens, tree.parents, tree.ancestors, best), tree.depth, -1).argmax()
     return torch.stack([last, best[last]])
+
+
+def _alive(tokens: torch.Tensor, parents: torch.Tensor, ancestors: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    """[N] bool: the nodes neither of which nor of whose ancestors the token differs from the target's
+    argmax at its parent (a root, parent -1, always survives)."""
+    mismatch = (tokens != best[parents.clamp(min=0)]) & (parents >= 0)
+    return ~(ancestors & mismatch.unsqueeze(0)).any(-1)
 
 
 def sampling_choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator,
