@@ -295,6 +295,43 @@ def test_a_plan_depends_on_its_round_alone():
         assert {a.take for a in answers} != {0} and {a.feed for a in answers} == {True, False}
 
 
+def test_one_round_answers_as_its_questions_asked_one_by_one():
+    """A proposer asks once per round (Round.then, Round.bar_ahead): the answer is what the questions
+    asked apart would answer. The take is the take alone; the feed is the feed question asked after
+    the take (what was taken fed, `then` more rows, the next `width` known as the alternative); each
+    bar splits the values a node joining later is taken at, alone, from those it is not (`_take` with
+    width 1 and that look-ahead, at the tree and the forwards the take and the feed leave)."""
+    rng = np.random.default_rng(1)
+    view = BatchView()
+    view.observe({r: (3, 1.6) for r in range(1, 4)}, [{r: 2 for r in range(1, 4)}, {r: 4 for r in range(1, 4)}])
+    checked = {"fed": 0, "bars": 0, "finite": 0}
+    for costs, batch in ((CPU, None), (GPU, None), (INT4, None), (ROWS, view)):
+        for _ in range(40):
+            pol = AutoBudget(costs, max_nodes=int(rng.integers(2, 12)), batch=batch, request=9)
+            pol.begin(256)
+            pol.values.top1 = float(rng.uniform(0.2, 1.0))
+            tree = sorted(rng.random(rng.integers(0, 5)).tolist(), reverse=True)
+            forwards = rng.integers(1, 6, rng.integers(1, 3)).tolist()
+            known = sorted((rng.random(rng.integers(0, 6)) * 0.95).tolist(), reverse=True)
+            width, ahead, then, bar_ahead = (int(x) for x in rng.integers([1, 0, 0, 0], [4, 5, 6, 8]))
+            got = pol.plan(Round(tree, forwards, known, width=width, ahead=ahead, then=then, bar_ahead=bar_ahead))
+            assert got.take == pol.plan(Round(tree, forwards, known, width=width, ahead=ahead)).take
+            after = [*tree, *known[:got.take]]
+            want_feed = got.take > 0 and pol.plan(Round(after, forwards, known[got.take:got.take + width],
+                                                        known[:got.take], got.take + then, ahead=ahead)).feed
+            assert got.feed == want_feed
+            checked["fed"] += got.feed
+            forwards_after = [*forwards, got.take + then] if got.feed else forwards
+            assert len(got.bars) == bar_ahead + 1
+            for a, bar in enumerate(got.bars):
+                checked["finite"] += bar < float("inf")
+                for v in rng.uniform(0, 1, 12).tolist() + ([bar * 0.999, bar * 1.001] if bar < 1 else []):
+                    alone = pol.plan(Round(after, forwards_after, [v], width=1, ahead=a)).take > 0
+                    assert got.joins(v, a) == alone, (a, v, bar)
+                    checked["bars"] += 1
+    assert checked["fed"] > 10 and checked["finite"] > 100 and checked["bars"] > 1000
+
+
 def test_acceptance_prior_and_calibration():
     f = Acceptance()
     assert f(0.0) < 0.02 and 0.45 < f(0.5) < 0.6 and f(1.0) > 0.95     # prior: the draft is calibrated
@@ -313,7 +350,7 @@ def test_expected_value_of_a_sampled_child_is_its_per_token_mean():
     draw = rng.random(64)
     draw, q = torch.from_numpy(draw / draw.sum()).float(), torch.from_numpy(q).float()
     want = sum(float(d) * f(float(x)) for d, x in zip(draw, q))
-    assert f.expected(draw, q) == pytest.approx(want, rel=1e-5)
+    assert float(f.expected(draw, q)) == pytest.approx(want, rel=1e-5)
 
 
 def test_batch_neighbours_shrink_the_tree_on_cpu():

@@ -164,6 +164,74 @@ def test_nothing_outside_the_budget_reaches_past_its_protocol():
     assert {"begin", "plan", "observe"} <= seen            # the rule looks at the places that use it
 
 
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def plan_calls(fn: ast.AST) -> list[tuple[int, list[ast.AST]]]:
+    """Each `budget.plan(...)` call in a function (nested functions apart): its line and the loops
+    around it, outermost first."""
+    out = []
+
+    def walk(node, loops):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "plan" \
+                    and "budget" in ast.unparse(child.func.value):
+                out.append((child.lineno, loops))
+            walk(child, loops + [child] if isinstance(child, LOOPS) else loops)
+    walk(fn, [])
+    return out
+
+
+def test_no_proposer_asks_the_budget_inside_its_loops():
+    """The budget is asked once per round of drafting (plan(Round): what to take, whether to feed,
+    the bars of nodes found later in the round): a proposer's `budget.plan` sits at most in its round
+    loop, once per loop, and a function that asks it is never called from inside a loop. Drawn
+    children and kept review tokens are weighed against the round's bars (Plan.joins), not asked
+    about one by one."""
+    bad, asked = [], 0
+    for path in [*(PKG / "runtime" / "strategies").glob("*.py"), PKG / "runtime" / "suffix_drafter.py",
+                 PKG / "runtime" / "draft_tree.py"]:
+        tree = ast.parse(path.read_text())
+        fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        askers = set()
+        for fn in fns:
+            calls = plan_calls(fn)
+            asked += len(calls)
+            askers |= {fn.name} if calls else set()
+            for line, loops in calls:
+                if len(loops) > 1:
+                    bad.append(f"{path.name}:{line} asks the budget in a loop inside a loop")
+            per_loop = [id(loops[0]) for _, loops in calls if loops]
+            if len(per_loop) != len(set(per_loop)):
+                bad.append(f"{path.name}:{fn.name} asks the budget twice in one round")
+        def called(fn, looped_only: bool) -> list[tuple[str, int]]:
+            """The names of the functions `fn` calls (only those inside a loop with `looped_only`)."""
+            out = []
+
+            def walk(node, looped):
+                for child in ast.iter_child_nodes(node):
+                    f = getattr(child, "func", None)
+                    own = isinstance(f, ast.Name) or \
+                        (isinstance(f, ast.Attribute) and getattr(f.value, "id", "") == "self")
+                    if isinstance(child, ast.Call) and own and (looped or not looped_only):   # this module's own
+                        out.append((getattr(f, "attr", getattr(f, "id", "")), child.lineno))
+                    walk(child, looped or isinstance(child, LOOPS))
+            walk(fn, False)
+            return out
+        while True:                                        # a helper that calls one that asks, asks too
+            more = {fn.name for fn in fns if any(name in askers for name, _ in called(fn, False))}
+            if more <= askers:
+                break
+            askers |= more
+        for fn in fns:
+            bad += [f"{path.name}:{line} calls {name} (which asks the budget) in a loop"
+                    for name, line in called(fn, True) if name in askers]
+    assert not bad, "\n".join(bad)
+    assert asked >= 8                                     # the rule sees the proposers that ask
+
+
 LONGEST = 50          # lines from `def` to a function's last line, docstring included (gpt-fast's loop is ~50)
 
 

@@ -188,18 +188,21 @@ def test_dyspec_root_fan_exact(small_pair, small_gen):
     assert pval > PASS_P
 
 
+def children_with_original_q(orig):
+    """DySpec._children, BROKEN: each child drawn records q = its parent's original draft distribution."""
+    def children(self, st, tree, slots, *rest):
+        out = yield from orig(self, st, tree, slots, *rest)
+        for (parent, _), drawn in zip(slots, out):
+            if drawn is not None:
+                tree.q[drawn[0]] = tree.probs[parent].clone()
+        return out
+    return children
+
+
 def test_dyspec_original_q_is_detected(small_pair, small_gen, monkeypatch):
     """BROKEN: every child records q = the parent's original draft distribution instead of the residual
     it was drawn from. Siblings 2.. are then accepted too often and the target residual goes wrong."""
-    orig = dyspec_mod.DySpec._child
-
-    def child_with_original_q(self, st, tree, parent, residual, value):
-        drawn = orig(self, st, tree, parent, residual, value)
-        if drawn is not None:
-            tree.q[drawn[0]] = tree.probs[parent].clone()
-        return drawn
-
-    monkeypatch.setattr(dyspec_mod.DySpec, "_child", child_with_original_q)
+    monkeypatch.setattr(dyspec_mod.DySpec, "_children", children_with_original_q(dyspec_mod.DySpec._children))
     pval = first_token_p(small_pair, small_gen, dyspec_root_fan(), N_BROKEN, 70_000)
     print(f"[pvalue] dyspec BROKEN q = original draft: first {pval:.3g}")
     assert pval < REJECT_P, f"recording the original q for dyspec children was not detected (p={pval:.3g})"
@@ -207,15 +210,7 @@ def test_dyspec_original_q_is_detected(small_pair, small_gen, monkeypatch):
 
 def test_dyspec_original_q_detected_in_joint_test(small_pair, small_gen, monkeypatch):
     """The same bug through the main joint test's own machinery, on a deeper heap tree."""
-    orig = dyspec_mod.DySpec._child
-
-    def child_with_original_q(self, st, tree, parent, residual, value):
-        drawn = orig(self, st, tree, parent, residual, value)
-        if drawn is not None:
-            tree.q[drawn[0]] = tree.probs[parent].clone()
-        return drawn
-
-    monkeypatch.setattr(dyspec_mod.DySpec, "_child", child_with_original_q)
+    monkeypatch.setattr(dyspec_mod.DySpec, "_children", children_with_original_q(dyspec_mod.DySpec._children))
     strat = DySpec("heap", budget=6, batch=3, max_depth=3)
     counts = sample_first(small_gen, BROKEN_PROMPT, strat, BROKEN_SP, 400, 80_000)
     p_first, p_joint = fit(counts, exact_first_two(small_pair.target, BROKEN_PROMPT, BROKEN_SP))

@@ -8,8 +8,9 @@ whether a policy exists; they ask the budget.
   (gate.py), node values (values.py), the plan with lookahead (auto.py), step records (records.py).
 
 Both answer the same questions (`Budget`): the shared step begins a step and observes its outcome;
-a proposer asks `plan(Round)` (plan.py: how many of these scored candidates to take, or whether one
-more draft forward pays, with the tree's values and the step's draft forwards so far as facts).
+a proposer asks `plan(Round)` once per round of drafting (plan.py: how many of these scored
+candidates to take, whether the draft forward that would feed them pays, and the bars a node found
+later in the round must pass; with the tree's values and the step's draft forwards so far as facts).
 Proposers score candidates with the request's `Values` (values.py), which the budget calibrates;
 nothing outside this package reads anything else of a budget (tests/test_layers.py). The budget
 only chooses which tree is verified; the shared step verifies it exactly, so every budget is
@@ -36,7 +37,7 @@ class Budget(Protocol):
     adaptive: bool           # True: sized from costs (its draft is prefilled lazily, at the first drafted step)
 
     def begin(self, cached: int, behind: int = 0) -> bool: ...   # draft this step? (False: a plain ar step)
-    def plan(self, r: Round) -> Plan: ...                       # what to take, whether to feed
+    def plan(self, r: Round) -> Plan: ...                       # what to take, whether to feed, the bars
     def observe(self, proposal: Proposal, path: np.ndarray, emitted: int, seconds: float) -> dict: ...
     def expected_emitted(self) -> float: ...                    # the last step's (the scheduler's batch view)
 
@@ -49,7 +50,9 @@ class FixedBudget:
         return True
 
     def plan(self, r: Round) -> Plan:
-        return Plan(take=0 if r.rows else len(r.known), feed=r.rows > 0)
+        take = 0 if r.rows else len(r.known)
+        feed = r.rows > 0 or (take > 0 and r.then is not None)
+        return Plan(take, feed, () if r.bar_ahead is None else (float("-inf"),))
 
     def observe(self, proposal: Proposal, path: np.ndarray, emitted: int, seconds: float) -> dict:
         return {}

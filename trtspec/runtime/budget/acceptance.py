@@ -30,11 +30,12 @@ class Acceptance:
         b = self._bins(q)
         return float(self.hits[b] / self.tries[b])
 
-    def expected(self, draw: torch.Tensor, q: torch.Tensor) -> float:
+    def expected(self, draw: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """E[f(q(y))] for y drawn from `draw`: the value of a sampled child, known before it is drawn.
-        Computed where the draft's probabilities are (one read: the result)."""
+        Computed where the draft's probabilities are: a float64 scalar there, for the caller to read
+        (with others: dyspec reads a round's children's at once)."""
         rates = torch.as_tensor(self.hits / self.tries, device=q.device)
-        return float((draw.double() * rates[self._bins(q)]).sum())
+        return (draw.double() * rates[self._bins(q)]).sum()
 
     def update(self, q: np.ndarray, accepted: np.ndarray) -> None:
         b = self._bins(q)

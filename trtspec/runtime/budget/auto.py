@@ -110,13 +110,44 @@ class AutoBudget:
         return self.catch_up_s / max(self.left, 1) if self.catch_up_s and self.left is not None else 0.0
 
     def plan(self, r: Round) -> Plan:
-        """The answer to one round's question (plan.Round): whether to feed, or how many to take."""
+        """The answer to one round's question (plan.Round): how many to take, whether to feed (what was
+        taken, with `then`), and the bars of the round's later nodes (with `bar_ahead`)."""
         self._sync(r.tree, r.forwards)
+        known, take, feed, rows = list(r.known), 0, False, r.rows
         if r.rows:
-            return Plan(feed=self._worth_feeding(list(r.known), list(r.feed), r.rows, r.ahead))
-        if r.free:
-            return Plan(take=self._take_free(list(r.known)))
-        return Plan(take=self._take(list(r.known), r.width, r.ahead))
+            feed = self._worth_feeding(known, list(r.feed), r.rows, r.ahead)
+        elif r.free:
+            take = self._take_free(known)
+        else:
+            take = self._take(known, r.width, r.ahead)
+            if take and r.then is not None:
+                rows = take + r.then
+                self._sync([*r.tree, *known[:take]], r.forwards)
+                feed = self._worth_feeding(known[take:take + r.width], known[:take], rows, r.ahead)
+        if r.bar_ahead is None:
+            return Plan(take, feed)
+        self._sync([*r.tree, *known[:take]], [*r.forwards, rows] if feed else r.forwards)
+        return Plan(take, feed, self._bars(r.bar_ahead))
+
+    def _bars(self, ahead: int) -> tuple[float, ...]:
+        """bars[a]: the least value v of one more node that `_take([v], width=1, a)` would add, for a = 0 ..
+        `ahead`: in closed form, as the rate is (E + v S_j) / (D_k + V(n + j)) for the node and a chain
+        of j - 1 guessed children (values v top1^i, S_j their sum / v) grown in k more draft forwards
+        (j <= k + 1), and it must beat the tree's rate now, E / (D_0 + V(n)). tests/test_budget.py
+        checks it against `_take` itself."""
+        r0 = self.costs.rate(self.expected, self.nodes, self.draft_s)
+        now = self.draft_s + self.costs.verify_s(self.nodes)
+        room = max(self.max_nodes - self.nodes, 0)
+        bars, bar, draft_s = [], float("inf"), self.draft_s
+        for k in range(ahead + 1):
+            if k:
+                draft_s += self.costs.draft_marginal(1, len(self.rounds) + k - 1)
+            s = 0.0
+            for j in range(1, min(k + 1, room) + 1):
+                s += self.values.top1 ** (j - 1)
+                bar = min(bar, r0 * (draft_s + self.costs.verify_s(self.nodes + j) - now) / s)
+            bars.append(bar)
+        return tuple(bars)
 
     def _sync(self, tree, forwards) -> None:
         """The step so far from the proposer's facts: the tree's node values (in the order they joined)

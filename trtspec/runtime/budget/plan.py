@@ -1,4 +1,5 @@
-"""Round and Plan: the one question a proposer asks the budget, and its answer (`Budget.plan`)."""
+"""Round and Plan: the one question a proposer asks the budget in a round of drafting, and its answer
+(`Budget.plan`): what to take, whether to feed, and the bar any further node of the round must pass."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,7 +18,13 @@ class Round:
       if they beat the batch all at ar.
     - `rows` > 0: whether one more draft forward over `rows` rows, feeding nodes of values `feed`
       (then up to `ahead` - 1 more), grows a better tree than the best of `known` without it
-      (`Plan.feed`)."""
+      (`Plan.feed`).
+    - `then` (with `rows` = 0): a draft forward follows that feeds what is taken, with `then` more
+      rows (a stage-2 chain to review): whether it pays is answered too (`Plan.feed`), weighed as
+      `rows` > 0 would weigh it after the take, against the next `width` of `known`.
+    - `bar_ahead`: also answer the bars of nodes that join later in the round, once their values
+      are known (a drawn child, a kept review token): `Plan.bars`, for up to `bar_ahead` more draft
+      forwards of look-ahead below such a node."""
     tree: Sequence[float] = ()          # values of the nodes in the tree now, in the order they joined it
     forwards: Sequence[int] = ()        # rows of each draft forward this step so far (the first opened the tree)
     known: Sequence[float] = ()
@@ -26,6 +33,8 @@ class Round:
     width: int = 0
     ahead: int = 0
     free: bool = False
+    then: int | None = None
+    bar_ahead: int | None = None
 
 
 def joined(value: dict) -> list[float]:
@@ -38,3 +47,11 @@ def joined(value: dict) -> list[float]:
 class Plan:
     take: int = 0          # how many of the round's known candidates to add
     feed: bool = False     # run the draft forward the round asked about
+    # bars[a]: the value a node joining later in the round must exceed, with `a` more draft forwards
+    # of look-ahead below it; weighed alone at the tree the take and the feed leave (it does not rise
+    # as the round's other late nodes join). Asked with Round.bar_ahead.
+    bars: tuple[float, ...] = ()
+
+    def joins(self, value: float, ahead: int = 0) -> bool:
+        """Does a node of `value` (found after the answer: a drawn child, a kept review token) join?"""
+        return value > self.bars[min(ahead, len(self.bars) - 1)]

@@ -42,9 +42,14 @@ class Values:
         """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
         sampled child joins the tree must not depend on which token it is (verification would no
         longer be exact), so the decision uses this expectation, made before the draw."""
+        return parent_value * float(self.expected(draw, q)) if self.calibrated else parent_value
+
+    def expected(self, draw: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """A sampled child's value over its parent's (`drawn`), on the device, unread: E[f(q(y))] for y
+        drawn from `draw`, or 1 when uncalibrated (a sampled child is worth its parent)."""
         if not self.calibrated:
-            return parent_value
-        return parent_value * self.f.expected(draw, q)
+            return torch.ones((), dtype=torch.float64, device=q.device)
+        return self.f.expected(draw, q)
 
     def saw_top1(self, q) -> None:
         """A fed node's top-1 draft probability (a float, or a device scalar: read only when calibrated)."""

@@ -5,8 +5,9 @@ token tree the target verifies and, for a draft model, which draft KV row belong
 is a coroutine of model calls (runner.py): every draft forward is `yield from`, so the scheduler
 can batch the calls of many requests. The shared step (step.py) then verifies, commits the target
 and draft caches, and reports; no strategy verifies or commits. Candidates are scored with the
-request's `state.values` and sizing questions go to its budget, `state.budget.plan(Round(...))`
-(fixed or auto, always present; budget/). A strategy object holds options only; per-request state
+request's `state.values` and sizing goes to its budget, one `state.budget.plan(Round(...))` per round
+of drafting, never inside an inner loop (fixed or auto, always present; budget/): nodes found later
+in the round pass its answer's bars (`Plan.joins`). A strategy object holds options only; per-request state
 lives in the DecodeState it is given.
 
 Options are the `__init__` parameters, typed and bounded with `trtspec.options` aliases; every

@@ -14,10 +14,11 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
 With `suffix: true` the request's suffix tries (suffix_drafter.py: its own tokens and its scope's
 finished requests) take MaG's place in both tiers, and finished requests feed the scope's trie.
 
-With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) vets every token of the
-reviewed tier (its calibrated acceptance must pay for its verify cost) and every review forward; the
-raw MaG tier (no draft probabilities to value it by) stays `k_mag` tokens after a non-empty chain; a
-step where nothing pays is a plain ar step.
+With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) is asked once per
+review: whether the draft's own next token pays for its verify cost, whether its review forward
+pays, and the bar its kept MaG tokens must pass (each one's calibrated acceptance must pay for its
+verify cost); the raw MaG tier (no draft probabilities to value it by) stays `k_mag` tokens after a
+non-empty chain; a step where nothing pays is a plain ar step.
 """
 from __future__ import annotations
 
@@ -82,24 +83,22 @@ class Cascade(Strategy):
             q, tok = tree.top[last][0][0], tree.top[last][1][0]     # the draft's own token
             values.saw_top1(q)
             v = values.child(value[last], q)
-            if not budget.plan(Round(joined(value), tree.forward_rows, [v], width=1,
-                                     ahead=self.kd - len(chain) - 1)).take:
+            leaf = len(chain) + 1 >= self.kd             # a leaf: no need to feed it
+            proposal = [] if leaf else self._cheap(st, np.append(tree.context(last), tok), self.mag_len)
+            plan = budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=self.kd - len(chain) - 1,
+                                     then=None if leaf else len(proposal), bar_ahead=0))
+            if not plan.take:
                 break
             node = tree.add(last, tok)
             value[node] = v
             chain.append(node)
-            if len(chain) >= self.kd:
-                break                                # a leaf: no need to feed it
-            proposal = self._cheap(st, tree.context(node), self.mag_len)
-            r = Round(joined(value), tree.forward_rows, feed=[value[node]], rows=1 + len(proposal),
-                      ahead=self.kd - len(chain))
-            if not budget.plan(r).feed:
+            if not plan.feed:
                 break
             fed = yield from tree.feed([node], {node: proposal} if proposal else None, self.lenience)
             for kept in fed[1:]:                     # a kept review token must pay for its verify cost too
                 parent = int(tree.parents[kept])
                 v = values.child(value[parent], tree.prob(parent, int(tree.tokens[kept])))
-                if not budget.plan(Round(joined(value), tree.forward_rows, [v])).take:
+                if not plan.joins(v):
                     tree.cut(kept)
                     break
                 value[kept] = v

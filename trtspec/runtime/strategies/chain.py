@@ -2,9 +2,9 @@
 
 k draft tokens, one by one (greedy, or sampled with their q rows kept so acceptance stays exact),
 then one target forward over the chain; the bonus token comes free when all k are accepted.
-With `k: auto` (the default) the budget (budget/auto.py) stops the chain at the first token whose
-acceptance estimate does not pay for its verify cost and draft forward, up to `max_k`; a step
-where none pays is a plain ar step.
+With `k: auto` (the default) the budget (budget/auto.py), asked once per token (take it, then feed
+it?), stops the chain at the first token whose acceptance estimate does not pay for its verify cost
+and draft forward, up to `max_k`; a step where none pays is a plain ar step.
 """
 from __future__ import annotations
 
@@ -33,11 +33,10 @@ class ChainSpeculative(Strategy):
         return self.nodes - 1
 
     def propose(self, st: DecodeState) -> Calls:
-        """Greedy or sampled chain from the draft model, each token's q row kept when sampled.
-
-        The draft cache may lag the sequence by a token or two (the bonus token, or the last draft
-        whose KV was never computed), so the first call feeds every pending token with the root.
-        Draft row of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
+        """Greedy or sampled chain from the draft model, each token's q row kept when sampled. The
+        draft cache may lag the sequence by a token or two (the bonus token, or the last draft whose
+        KV was never computed), so the first call feeds every pending token with the root. Draft row
+        of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
         runner, budget, values, greedy = st.draft, st.budget, st.values, st.sampling.greedy
         f0 = runner.forwards
         yield from st.draft_catch_up()
@@ -48,7 +47,6 @@ class ChainSpeculative(Strategy):
         qs, probs, joined = [], [], []
         value, fed = 1.0, 0
         for i in range(self.nodes):
-            ahead = self.nodes - i - 1
             logits = st.constrain(logits[-1:], [drafts])      # a grammar's mask after the drafts so far
             if greedy:                  # the argmax and its probability (the top-1): one host read
                 q = torch.softmax(logits[-1].float(), -1)
@@ -60,7 +58,9 @@ class ChainSpeculative(Strategy):
                 q = st.draft_probs(logits[-1:])[0]
                 values.saw_top1(q.max())           # a device scalar: only calibrated values read it
                 v = values.drawn(value, q, q)
-            if not budget.plan(Round(joined, forwards, [v], width=1, ahead=ahead)).take:
+            plan = budget.plan(Round(joined, forwards, [v], width=1, ahead=self.nodes - i - 1,
+                                     then=None if i == self.nodes - 1 else 0))   # take it, then feed it?
+            if not plan.take:
                 break
             joined.append(v)
             value = v
@@ -69,14 +69,13 @@ class ChainSpeculative(Strategy):
                 qs.append(q)
             probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)
-            if i == self.nodes - 1 or not budget.plan(Round(joined, forwards, feed=[value], rows=1, ahead=ahead)).feed:
+            if not plan.feed:
                 break
             logits = yield from runner.extend([tok])
             fed += 1
             forwards.append(1)
-        q_rows = None
-        if qs:  # row 0 (the root) is never verified against q
-            q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs)
+        # row 0 (the root) is never verified against q
+        q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs) if qs else None
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
         return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), runner.forwards - f0,

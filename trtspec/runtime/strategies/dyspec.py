@@ -12,9 +12,12 @@ child's q so Sequoia/DySpec recursive rejection verifies exactly. Under greedy t
 - threshold (Algorithm 2): layer by layer, one batched draft forward per layer; at every leaf keep
   drawing children while the slot value v > t (the paper prints `v < t`, a typo), capped by budget.
 
-With `budget: auto` (the default; cap `max_budget`) the budget (budget/auto.py) also vets every drawn
-child (its calibrated acceptance must pay for its verify cost, else drafting ends) and every draft
-forward; a step where no tree pays is a plain ar step.
+With `budget: auto` (the default; cap `max_budget`) the budget (budget/auto.py) is asked once per
+round (a heap round's `batch` pops, a threshold layer): whether its draft forward pays, and the bar
+a child drawn in it must pass (its calibrated acceptance must pay for its verify cost, with the
+draft forwards it may still open below it). A child under the bar is not added (for a sampled
+child: decided before it is drawn, by its expected value); a step where no tree pays is a plain ar
+step.
 """
 from __future__ import annotations
 
@@ -25,10 +28,10 @@ import torch
 from pydantic import Field
 
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
-from ..budget import Round, joined
+from ..budget import Plan, Round, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
-from ..runner import Calls
+from ..runner import Calls, read
 from .base import Strategy
 
 
@@ -46,37 +49,46 @@ class DySpec(Strategy):
     def max_draft_rows(self) -> int:
         return self.nodes                      # every fed node was added first
 
-    def _child(self, st: DecodeState, tree: DraftTree, parent: int, residual: torch.Tensor, value: dict):
-        """Draw one child from `residual`; returns (node, R[y], residual without y), or None when the
-        budget finds the child not worth verifying. `value`: the nodes' values, in the order they
-        joined the tree."""
-        greedy = st.sampling.greedy
-        ahead = self.max_depth - int(tree.depth[parent]) - 1     # draft forwards still possible below it
-        if greedy:                  # the draw is the argmax, valued by its own draft probability: one read
-            y = residual.argmax()
-            y, ry, qy = torch.stack([y.to(residual.dtype), residual[y], tree.probs[parent][y]]).tolist()
-            y = int(y)                                  # token ids < 2^24: exact in float32
-            v = st.values.child(value[parent], qy)
-            if not self._pays(st, tree, value, v, ahead):
-                return None
+    def _children(self, st: DecodeState, tree: DraftTree, slots: list, value: dict, plan: Plan) -> Calls:
+        """One child per slot (parent, residual), drawn from its residual (greedy: the argmax), joining
+        the tree where the round's `plan` lets its value in. Returns, per slot, (node, R[y], residual
+        without y) or None. The slots have distinct parents, so their draws are apart: one read for
+        the round (sampled: two, as a child's value is known before it is drawn; the draws come from
+        the request's generator in slot order). `value`: the nodes' values, in the order they joined."""
+        greedy, values = st.sampling.greedy, st.values
+        if not slots:
+            return []
+        if greedy:                  # the draw is the argmax, valued by its own draft probability
+            join, ys = [True] * len(slots), [res.argmax() for _, res in slots]
         else:                       # decided before the draw (Values.drawn), then drawn
-            v = st.values.drawn(value[parent], residual, tree.probs[parent])
-            if not self._pays(st, tree, value, v, ahead):
-                return None
-            y = int(torch.multinomial(residual, 1, generator=st.gen))
-            ry = float(residual[y])
-        node = tree.add(parent, y, q=None if greedy else residual.clone())
-        value[node] = v
-        rest = residual.clone()
-        rest[y] = 0.0
-        total = float(rest.sum())
-        return node, ry, (rest / total if total > 0 else None)
+            e = [1.0] * len(slots) if not values.calibrated else \
+                (yield from read(torch.stack([values.expected(res, tree.probs[p]) for p, res in slots])))
+            vs = [value[p] * x for (p, _), x in zip(slots, e)]
+            join = [plan.joins(v, self._ahead(tree, p)) for v, (p, _) in zip(vs, slots)]
+            ys = [torch.multinomial(res, 1, generator=st.gen)[0] if j else None for j, (_, res) in zip(join, slots)]
+        rests, facts = [], []
+        for j, y, (p, res) in zip(join, ys, slots):
+            rest = res.clone() if j else None
+            if j:
+                rest[y] = 0.0
+                facts.append(torch.stack([y.to(res.dtype), res[y], tree.probs[p][y], rest.sum()]))  # ids < 2^24
+            rests.append(rest)
+        host = iter((yield from read(torch.stack(facts))) if facts else ())
+        out = []
+        for i, (j, (p, res)) in enumerate(zip(join, slots)):
+            y, ry, qy, total = (next(host), next(host), next(host), next(host)) if j else (0, 0, 0, 0)
+            v = values.child(value[p], qy) if greedy else vs[i]
+            if not j or not plan.joins(v, self._ahead(tree, p)):
+                out.append(None)
+                continue
+            node = tree.add(p, int(y), q=None if greedy else res.clone())
+            value[node] = v
+            out.append((node, ry, rests[i] / total if total > 0 else None))
+        return out
 
-    @staticmethod
-    def _pays(st: DecodeState, tree: DraftTree, value: dict, v: float, ahead: int) -> bool:
-        """Does a child of value v join the tree (the budget's plan for it alone, with the chain of up
-        to `ahead` more draft forwards it would open)?"""
-        return st.budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=ahead)).take > 0
+    def _ahead(self, tree: DraftTree, parent: int) -> int:
+        """Draft forwards still possible below a child of `parent` (the bar's look-ahead for it)."""
+        return self.max_depth - int(tree.depth[parent]) - 1
 
     def propose(self, st: DecodeState) -> Calls:
         tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
@@ -96,21 +108,20 @@ class DySpec(Strategy):
         while heap and added < self.nodes:
             slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.nodes - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
-            if unfed:
-                fed_slots = [value[parent] * st.values.top1 for _, _, parent, res in slots if res is not None]
-                r = Round(joined(value), tree.forward_rows, fed_slots, [value[n] for n in unfed], len(unfed),
-                          ahead=self.max_depth - min(int(tree.depth[n]) for n in unfed))
-                if budget.plan(r).feed:
-                    yield from tree.feed(unfed)
-                    for n in unfed:
-                        st.values.saw_top1(tree.top[n][0][0])
-                else:                                   # budget auto: their children are not worth a forward
-                    slots = [sl for sl in slots if sl[3] is not None]
-            for neg, _, parent, res in slots:
+            fed_slots = [value[parent] * st.values.top1 for _, _, parent, res in slots if res is not None]
+            plan = budget.plan(Round(joined(value), tree.forward_rows, fed_slots if unfed else (),
+                                     [value[n] for n in unfed], len(unfed),
+                                     ahead=self.max_depth - min((int(tree.depth[n]) for n in unfed), default=0),
+                                     bar_ahead=max(self._ahead(tree, sl[2]) for sl in slots)))
+            if plan.feed:
+                yield from tree.feed(unfed)
+                for n in unfed:
+                    st.values.saw_top1(tree.top[n][0][0])
+            elif unfed:                                 # budget auto: their children are not worth a forward
+                slots = [sl for sl in slots if sl[3] is not None]
+            draws = [(parent, tree.probs[parent] if res is None else res) for _, _, parent, res in slots]
+            for (neg, _, parent, _), drawn in zip(slots, (yield from self._children(st, tree, draws, value, plan))):
                 v = -neg
-                if res is None:
-                    res = tree.probs[parent]
-                drawn = self._child(st, tree, parent, res, value)
                 if drawn is None:                       # budget auto: this slot's child does not pay
                     continue
                 node, ry, rest = drawn
@@ -126,17 +137,18 @@ class DySpec(Strategy):
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
+            plan = st.budget.plan(Round(joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves],
+                                        rows=len(leaves) if depth else 0, ahead=self.max_depth - depth,
+                                        bar_ahead=self.max_depth - depth - 1))
             if depth > 0:
-                r = Round(joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves], rows=len(leaves),
-                          ahead=self.max_depth - depth)
-                if not st.budget.plan(r).feed:
+                if not plan.feed:
                     return
                 yield from tree.feed([n for n, _ in leaves])   # one batched forward per layer
             new = []
             for node, v in leaves:
                 res = tree.probs[node]
                 while v > self.threshold and added < self.nodes and res is not None:
-                    drawn = self._child(st, tree, node, res, value)
+                    drawn = (yield from self._children(st, tree, [(node, res)], value, plan))[0]
                     if drawn is None:
                         break
                     child, ry, res = drawn

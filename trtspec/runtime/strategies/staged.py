@@ -19,8 +19,9 @@ suffix candidates alone make the better step (a repetitive stretch), the step is
 and the draft catches up later; where the gate finds no draft forward worth it (a crowded batch),
 the suffix tree is still proposed (`free`).
 Children are deterministic (top tokens, copies), so sampling verification uses the exact q = one-hot
-rule. With `budget: auto` (the default) the budget (budget/auto.py) decides each round how many of
-the best candidates pay for their verify cost and whether another draft forward pays, up to
+rule. With `budget: auto` (the default) the budget (budget/auto.py) is asked once per round: how many
+of the best candidates pay for their verify cost, whether the draft forward that feeds them (with
+the stage-2 chain of the best) pays, and the bar a reviewed token the draft keeps must pass, up to
 `max_budget` nodes; a step where no tree pays is a plain ar step.
 """
 from __future__ import annotations
@@ -29,10 +30,11 @@ import heapq
 import itertools
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
-from ..budget import Round, Values, joined
+from ..budget import Plan, Round, Values, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
 from ..ngram import NGramDrafter
@@ -112,24 +114,23 @@ class Staged(Strategy):
         cur = [c.value for c in sfx]               # each one's value now (the draft may have lowered it)
         added = 0
         for rnd in range(self.max_rounds):
-            ahead = self.max_rounds - rnd - 1
-            r = Round(joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1], width=self.width,
-                      ahead=ahead)
-            new = self._pick(heap, order, tree, min(budget.plan(r).take, self.nodes - added), values, value,
-                             (sfx, at, cur))
+            last = rnd == self.max_rounds - 1                       # its nodes are leaves: never fed
+            head = _head(heap, sfx, at)                             # where this round's stage 2 will start
+            guess = [] if last or head is None else self._stage2(st, tree, *head)
+            plan = budget.plan(Round(joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1],
+                                     width=self.width, ahead=self.max_rounds - rnd - 1,
+                                     then=None if last else len(guess), bar_ahead=0))
+            new = self._pick(heap, order, tree, min(plan.take, self.nodes - added), values, value, (sfx, at, cur))
             if not new:
                 break
             added += len(new)
-            if added >= self.nodes or rnd == self.max_rounds - 1:
-                break                                   # leaves: never fed
-            chains = self._stage2(st, tree, new[0])
-            fed_rows = len(new) + sum(len(c) for c in chains.values())
-            r = Round(joined(value), tree.forward_rows, [-c[0] for c in heapq.nsmallest(self.width, heap)],
-                      [value[n] for n in new], fed_rows, ahead=ahead)
-            if not budget.plan(r).feed:
+            if added >= self.nodes or not plan.feed:
                 break
+            best = (int(tree.parents[new[0]]), int(tree.tokens[new[0]]))
+            chain = guess if best == head else self._stage2(st, tree, *best)
+            chains = {new[0]: chain} if chain else {}
             for node in (yield from tree.feed(new, chains)):
-                if node in value or self._keep_reviewed(st, tree, node, value):
+                if node in value or self._keep_reviewed(st, tree, node, value, plan):
                     self._push(heap, order, tree, node, value[node], values)
         return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
                              suffix_match=matched)
@@ -198,31 +199,41 @@ class Staged(Strategy):
             v = min(v, values.child(value[node], min(top[0])))
         return v
 
-    def _stage2(self, st: DecodeState, tree: DraftTree, best: int) -> dict[int, list[int]]:
-        """Stage 2: the cheap drafter's chain after the round's most likely new node (the suffix tries',
-        else the n-gram drafter's), for the draft to review in the same forward."""
+    def _stage2(self, st: DecodeState, tree: DraftTree, parent: int, token: int) -> list[int]:
+        """Stage 2: the cheap drafter's chain after a node (`token` under `parent`: the round's most likely
+        one), the suffix tries' or else the n-gram drafter's, for the draft to review in the same
+        forward. Asked before the round's plan (its rows are the forward's), for the best candidate."""
         if not self.stage2:
-            return {}
-        context = tree.context(best)
+            return []
+        context = np.append(tree.context(parent), token)
         if self.suffix is not None:
-            proposal = self.suffix.chain(st, context, self.stage2_len)
-        else:
-            proposal = self.ngram.propose(context, self.stage2_len)
-        return {best: proposal} if proposal else {}
+            return self.suffix.chain(st, context, self.stage2_len)
+        return self.ngram.propose(context, self.stage2_len)
 
     @staticmethod
-    def _keep_reviewed(st: DecodeState, tree: DraftTree, node: int, value: dict) -> bool:
-        """A stage-2 token the draft's review kept: in the tree if it is worth verifying (else it and
-        its subtree are cut). Nodes under a cut token are not alive."""
+    def _keep_reviewed(st: DecodeState, tree: DraftTree, node: int, value: dict, plan: Plan) -> bool:
+        """A stage-2 token the draft's review kept: in the tree if it is worth verifying, by the round's
+        bar (else it and its subtree are cut). Nodes under a cut token are not alive."""
         if not tree.alive[node]:
             return False
         parent = int(tree.parents[node])
         v = st.values.child(value[parent], tree.prob(parent, int(tree.tokens[node])))
-        if not st.budget.plan(Round(joined(value), tree.forward_rows, [v])).take:
+        if not plan.joins(v):
             tree.cut(node)
             return False
         value[node] = v
         return True
+
+
+def _head(heap: list, sfx: list, at: list) -> tuple[int, int] | None:
+    """(parent node, token) of the heap's best candidate: where the round's stage-2 chain will start if
+    it is taken first (a suffix candidate's parent may not have joined yet: then the root's)."""
+    if not heap:
+        return None
+    _, _, parent, tok, cand = heap[0]
+    if cand is not None:
+        parent = 0 if sfx[cand].parent < 0 else at[sfx[cand].parent]
+    return int(parent), int(tok)
 
 
 def _draft_frontier(sfx: list) -> list[float]:
