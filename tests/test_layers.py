@@ -206,6 +206,7 @@ def test_no_proposer_asks_the_budget_inside_its_loops():
             per_loop = [id(loops[0]) for _, loops in calls if loops]
             if len(per_loop) != len(set(per_loop)):
                 bad.append(f"{path.name}:{fn.name} asks the budget twice in one round")
+
         def called(fn, looped_only: bool) -> list[tuple[str, int]]:
             """The names of the functions `fn` calls (only those inside a loop with `looped_only`)."""
             out = []
