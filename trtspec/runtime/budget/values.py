@@ -46,9 +46,7 @@ class Values:
 
     def expected(self, draw: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
         """A sampled child's value over its parent's (`drawn`), on the device, unread: E[f(q(y))] for y
-        drawn from `draw`, or 1 when uncalibrated (a sampled child is worth its parent)."""
-        if not self.calibrated:
-            return torch.ones((), dtype=torch.float64, device=q.device)
+        drawn from `draw`. Calibrated values only (uncalibrated, a sampled child is worth its parent)."""
         return self.f.expected(draw, q)
 
     def saw_top1(self, q) -> None:

@@ -66,13 +66,9 @@ class DySpec(Strategy):
             vs = [value[p] * x for (p, _), x in zip(slots, e)]
             join = [plan.joins(v, self._ahead(tree, p)) for v, (p, _) in zip(vs, slots)]
             ys = [torch.multinomial(res, 1, generator=st.gen)[0] if j else None for j, (_, res) in zip(join, slots)]
-        rests, facts = [], []
-        for j, y, (p, res) in zip(join, ys, slots):
-            rest = res.clone() if j else None
-            if j:
-                rest[y] = 0.0
-                facts.append(torch.stack([y.to(res.dtype), res[y], tree.probs[p][y], rest.sum()]))  # ids < 2^24
-            rests.append(rest)
+        # per drawn slot: the token (ids < 2^24), R[y], q[y] and the mass left once y is removed
+        facts = [torch.stack([y.to(res.dtype), res[y], tree.probs[p][y], res.sum() - res[y]])
+                 for j, y, (p, res) in zip(join, ys, slots) if j]
         host = iter((yield from read(torch.stack(facts))) if facts else ())
         out = []
         for i, (j, (p, res)) in enumerate(zip(join, slots)):
@@ -83,7 +79,12 @@ class DySpec(Strategy):
                 continue
             node = tree.add(p, int(y), q=None if greedy else res.clone())
             value[node] = v
-            out.append((node, ry, rests[i] / total if total > 0 else None))
+            rest = None
+            if total > 0:                       # (0 exactly when y held all the mass: a one-hot residual)
+                rest = res.clone()
+                rest[int(y)] = 0.0
+                rest /= total
+            out.append((node, ry, rest))
         return out
 
     def _ahead(self, tree: DraftTree, parent: int) -> int:
