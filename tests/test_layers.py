@@ -127,6 +127,32 @@ def test_strategies_only_propose():
         assert "budget is not None" not in path.read_text() and "policy" not in path.read_text()
 
 
+def test_strategies_reach_drafters_through_their_registry():
+    """A strategy names its drafter (`make_drafter`, runtime/drafters/__init__.py) and reads its nodes'
+    source from the drafter's tag: no strategy imports a drafter's module or the algorithms behind one
+    (ngram.py, suffix.py), and every drafter file holds a registered drafter (a new one is its file and
+    a registry line)."""
+    mods = modules()
+    behind = {"trtspec.runtime.ngram", "trtspec.runtime.suffix"}
+    for m, path in mods.items():
+        if m.startswith("trtspec.runtime.strategies."):
+            bad = {i for i in imports(m, path) if i in behind or i.startswith("trtspec.runtime.drafters.")}
+            assert not bad, f"{path.name} imports {sorted(bad)}"
+    registry = ast.parse((PKG / "runtime" / "drafters" / "__init__.py").read_text())
+    table = next(n.value for n in ast.walk(registry) if isinstance(n, ast.AnnAssign) and n.target.id == "DRAFTERS")
+    registered = {ast.literal_eval(k): v.id for k, v in zip(table.keys, table.values)}
+    for path in sorted((PKG / "runtime" / "drafters").glob("*.py")):
+        if path.stem in ("__init__", "base"):
+            continue
+        classes = {n.name: n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+        drafters = {name for name, c in classes.items() if any(getattr(b, "id", "") == "Drafter" for b in c.bases)}
+        assert drafters & set(registered.values()), f"drafters/{path.name} holds no registered drafter"
+        for name in drafters:
+            own = next(ast.literal_eval(a.value) for a in classes[name].body if isinstance(a, ast.Assign)
+                       and getattr(a.targets[0], "id", "") == "name")
+            assert registered.get(own) == name, f"drafters/{path.name}: {name} is not DRAFTERS[{own!r}]"
+
+
 # The budget's whole protocol (runtime/budget/__init__.py, `Budget`): a step begins, a proposer asks
 # plan(Round) (what to take, whether to feed), the step observes the outcome, the scheduler reads the
 # last step's expectation; `adaptive` tells a request whether to prefill its draft at once.
@@ -191,7 +217,7 @@ def test_no_proposer_asks_the_budget_inside_its_loops():
     children and kept review tokens are weighed against the round's bars (Plan.joins), not asked
     about one by one."""
     bad, asked = [], 0
-    for path in [*(PKG / "runtime" / "strategies").glob("*.py"), PKG / "runtime" / "suffix_drafter.py",
+    for path in [*(PKG / "runtime" / "strategies").glob("*.py"), *(PKG / "runtime" / "drafters").glob("*.py"),
                  PKG / "runtime" / "draft_tree.py"]:
         tree = ast.parse(path.read_text())
         fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]

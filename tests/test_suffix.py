@@ -21,7 +21,8 @@ from trtspec.runtime.budget import Acceptance, Values
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
 from trtspec.runtime.strategies.staged import MIX_MATCH
-from trtspec.runtime.suffix_drafter import CARRY, Candidate, SuffixDrafter
+from trtspec.runtime.drafters import Candidate, SuffixDrafter
+from trtspec.runtime.drafters.suffix import CARRY
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 
@@ -183,7 +184,7 @@ def test_suffix_calibration_is_kept_per_scope_across_requests(small_pair):
 
     def spy(st):
         out = drafter_tries(st)
-        seen.append(st.values.f_suffix.copy())
+        seen.append(st.values.of(strat.drafter.tag).copy())
         return out
     strat.drafter._tries = spy
     again = gen.generate(prompt, strategy=strat, max_new_tokens=40)

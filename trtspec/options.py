@@ -27,6 +27,7 @@ NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TreeSize = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]     # nodes a step may add to a tree
 Depth = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]
+DrafterName = Annotated[str, Field(min_length=1, max_length=64)]    # a drafter's registry name (runtime/drafters/)
 
 
 def auto_or(most: int):

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .decode import DecodeState
-from .proposal import DRAFT, REVIEW, SUFFIX, Proposal
+from .proposal import DRAFT, REVIEW, Proposal
 from .runner import Calls, read
 from .tree import TokenTree
 
@@ -50,7 +50,7 @@ class DraftTree:
         self.row = np.full(n, -1, dtype=np.int64)                 # draft scratch row of a fed node
         self.alive = np.ones(n, dtype=bool)                       # False: rejected in a review
         self.borrowed = np.zeros(n, dtype=bool)                   # reached through a merged edge
-        self.suffix_p = np.full(n, np.nan)                        # a suffix trie's candidate: its score
+        self.score = np.full(n, np.nan)                           # a scored drafter's candidate: its score
         self.source = np.full(n, DRAFT, dtype=np.int64)           # who proposed the node (proposal.SOURCES)
         self.anc = np.zeros((n, n), dtype=bool)                   # ancestor-or-self
         self.q: list[torch.Tensor | None] = [None] * n            # proposal dist a sampled child came from
@@ -84,10 +84,10 @@ class DraftTree:
 
     # -- structure ---------------------------------------------------------------------------
     def add(self, parent: int, token: int, q: torch.Tensor | None = None, borrowed: bool = False,
-            suffix_p: float = np.nan, source: int = DRAFT) -> int:
-        """A node under `parent`. `suffix_p`: proposed by a suffix trie with that score (unfed until a
-        forward feeds it, like any node); `source`: who else proposed it, if not the draft model (an
-        unreviewed cheap chain: NGRAM, or SUFFIX without a score)."""
+            score: float = np.nan, source: int = DRAFT) -> int:
+        """A node under `parent`. `source`: who proposed it, if not the draft model (a drafter's tag,
+        drafters/), with its `score` if the drafter scores its candidates; unfed until a forward
+        feeds it, like any node."""
         n = self.size
         if n >= len(self.tokens):
             raise RuntimeError("draft tree capacity exceeded; lower the tree budget")
@@ -96,8 +96,8 @@ class DraftTree:
         self.anc[n] = self.anc[parent]
         self.anc[n, n] = True
         self.q[n] = q
-        self.suffix_p[n] = suffix_p
-        self.source[n] = SUFFIX if not np.isnan(suffix_p) else source
+        self.score[n] = score
+        self.source[n] = source
         self.borrowed[n] = borrowed or self.borrowed[parent]
         return n
 
@@ -246,9 +246,9 @@ class DraftTree:
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a
-        node whose parent was never fed), a suffix candidate's empirical probability: what budget:
+        node whose parent was never fed), a scored drafter's candidate's score: what budget:
         auto's acceptance estimates are calibrated on (each source apart)."""
-        out = self.suffix_p[nodes].copy()
+        out = self.score[nodes].copy()
         fed = [(i, int(self.parents[n]), int(self.tokens[n])) for i, n in enumerate(nodes.tolist())
                if self.parents[n] >= 0 and int(self.parents[n]) in self.probs and self.source[n] in (DRAFT, REVIEW)]
         unread = [(p, t) for _, p, t in fed if t not in self.top[p][1] and (p, t) not in self._known]

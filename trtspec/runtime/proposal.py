@@ -10,10 +10,10 @@ verifies or commits.
   `None`: the strategy has no draft model (or did not draft): the draft cache is left as it is.
 - `node_q()`: each node's draft probability given its parent (NaN: none), computed only when a
   budget calibrates on it (budget: auto).
-- `source`: which drafter proposed each node, as indices into SOURCES (None: the draft model, or
-  no node at all). The step reports the mix (`sources`: proposed and accepted nodes per drafter)
-  and budget: auto calibrates each drafter's scores apart (`node_q()` holds the draft's
-  probability for a model node, the empirical probability for a suffix node).
+- `source`: which drafter proposed each node, as indices into SOURCES (`tag`; None: the draft
+  model, or no node at all). The step reports the mix (`sources`: proposed and accepted nodes per
+  drafter) and budget: auto calibrates each drafter's scores apart (`node_q()` holds the draft's
+  probability for a model node, the drafter's own score for a scored drafter's node).
 - `values`: what the tree's nodes are worth (budget.Values), in the order they joined it, and
   `forward_rows`: the rows of each draft forward the step ran (the first opened the tree): the
   facts budget: auto sizes by and learns from (`Budget.observe`).
@@ -23,6 +23,7 @@ verifies or commits.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -31,12 +32,23 @@ import torch
 
 from .tree import TokenTree
 
-# Who proposed a node: the draft model; a suffix trie (suffix.py); a cheap chain the draft reviewed
-# and kept (staged's stage 2, cascade's MaG: valued by the draft's probabilities); the n-gram copy
-# (the `ngram` strategy's unreviewed chain); a grammar that leaves one legal token (jump-forward:
-# grammar.py, added by the step, accepted whenever its parent is).
-SOURCES = ("draft", "suffix", "review", "ngram", "grammar")
-DRAFT, SUFFIX, REVIEW, NGRAM, GRAMMAR = range(len(SOURCES))
+# Who proposed a node, by tag: the models' own first (the draft model; a cheap chain the draft
+# reviewed and kept: staged's stage 2, cascade's reviews, valued by the draft's probabilities; a
+# grammar that leaves one legal token: jump-forward, grammar.py, added by the step and accepted
+# whenever its parent is), then each drafter (drafters/) under its registry name, added as it is
+# first used (`tag`). The step reports the mix by name (`sources`); the budget calibrates each
+# drafter's scores apart (budget/values.py).
+SOURCES: list[str] = ["draft", "review", "grammar"]
+DRAFT, REVIEW, GRAMMAR = range(len(SOURCES))
+_TAGS = threading.Lock()
+
+
+def tag(name: str) -> int:
+    """The source index of the drafter called `name` (added to SOURCES on first use)."""
+    with _TAGS:
+        if name not in SOURCES:
+            SOURCES.append(name)
+        return SOURCES.index(name)
 
 
 @dataclass
@@ -58,9 +70,10 @@ class Proposal:
         if len(self.tree) < 2:
             return {}
         src = np.zeros(len(self.tree), dtype=np.int64) if self.source is None else np.asarray(self.source)
-        proposed = np.bincount(src[1:], minlength=len(SOURCES))
-        accepted = np.bincount(src[path[1:]], minlength=len(SOURCES))
-        return {name: [int(proposed[i]), int(accepted[i])] for i, name in enumerate(SOURCES) if proposed[i]}
+        names = list(SOURCES)
+        proposed = np.bincount(src[1:], minlength=len(names))
+        accepted = np.bincount(src[path[1:]], minlength=len(names))
+        return {name: [int(proposed[i]), int(accepted[i])] for i, name in enumerate(names) if proposed[i]}
 
     @classmethod
     def root(cls, root: int) -> Proposal:

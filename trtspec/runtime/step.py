@@ -22,7 +22,7 @@ import time
 from . import verify
 from .decode import DecodeState, StepStats
 from .logits import shape, token_logprobs
-from .proposal import Proposal
+from .proposal import SOURCES, Proposal
 from .runner import Calls
 from .sampling import probs_from_logits
 
@@ -66,7 +66,7 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
         extra["tree"] = {"tokens": tree.host_tokens.tolist(), "parents": tree.host_parents.tolist(),
                          "path": path.tolist(), "next_token": nxt, **proposal.nodes}
         if proposal.source is not None:
-            extra["tree"]["source"] = proposal.source.tolist()
+            extra["tree"]["source"] = [SOURCES[i] for i in proposal.source.tolist()]    # drafters' names
     extra.update(st.budget.observe(proposal, path, len(emitted), draft_s + verify_s))
     st.steps.append(StepStats(len(tree), len(path) - 1, proposal.draft_forwards, draft_s, verify_s, extra))
     return emitted, path

@@ -130,7 +130,7 @@ class SuffixStore:
         self.tree = SuffixTree(depth)
         self.max_nodes = max_nodes
         self.held: deque[list[int]] = deque()
-        self.calibration = Acceptance()       # the scope's f_suffix, from finished requests' steps
+        self.calibration = Acceptance()       # the scope's suffix calibration, from finished requests' steps
         self.lock = threading.Lock()
 
     def add(self, tokens) -> None:

@@ -5,11 +5,12 @@ acceptance of its score); the budget then sizes the tree from the scored candida
 Scoring and sizing are apart: a proposer never asks the budget what a token is worth, and the budget
 never reads a drafter's internals.
 
-- calibrated (budget: auto): f(q) per drafter kind (the draft model's probabilities; a suffix trie's
-  empirical ones, `f_suffix`), learned from every verified step (`calibrate`, called by the budget's
+- calibrated (budget: auto): f(q) per drafter (the draft model's probabilities, `f`, also for the
+  chains it reviewed; each scored drafter's own scores, `of(tag)`: e.g. a suffix trie's empirical
+  probabilities), learned from every verified step (`calibrate`, called by the budget's
   `observe`), and the draft's running calibrated top-1 acceptance (`top1`: what the budget's
   look-ahead guesses a fed node's best child is worth).
-- uncalibrated (a fixed budget): a value is the cumulative draft (or suffix) probability, and a
+- uncalibrated (a fixed budget): a value is the cumulative draft (or drafter's) probability, and a
   sampled child is worth its parent (every node of a fixed tree is taken anyway).
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..proposal import SUFFIX
+from ..proposal import DRAFT, REVIEW
 from .acceptance import Acceptance
 from .gate import EMA
 
@@ -28,15 +29,27 @@ class Values:
     def __init__(self, calibrated: bool = True):
         self.calibrated = calibrated
         self.f = Acceptance() if calibrated else None          # the draft model's (and reviewed chains')
-        self.f_suffix = Acceptance() if calibrated else None   # a suffix trie's empirical probabilities
+        self.scored: dict[int, Acceptance] = {}                # each other drafter's, by its tag
         self.top1 = 0.5 if calibrated else 1.0                 # running f(top-1 probability) at fed nodes
 
-    def child(self, parent_value: float, q: float, suffix: bool = False) -> float:
+    def of(self, source: int) -> Acceptance | None:
+        """The calibration of the scores of `source` (proposal.SOURCES): the draft model's for its own
+        nodes and the chains it reviewed, each other drafter's own (made on first use); None when
+        values are uncalibrated."""
+        if not self.calibrated:
+            return None
+        if source in (DRAFT, REVIEW):
+            return self.f
+        if source not in self.scored:
+            self.scored[source] = Acceptance()
+        return self.scored[source]
+
+    def child(self, parent_value: float, q: float, source: int = DRAFT) -> float:
         """A child's value: its parent's times the calibrated acceptance of its score `q` (the draft's
-        probability, or with `suffix` a suffix trie's empirical one)."""
+        probability, or the score of the drafter `source`)."""
         if not self.calibrated:
             return parent_value * q
-        return parent_value * (self.f_suffix if suffix else self.f)(q)
+        return parent_value * (self.f if source == DRAFT else self.of(source))(q)
 
     def drawn(self, parent_value: float, draw: torch.Tensor, q: torch.Tensor) -> float:
         """The value of a child about to be SAMPLED from `draw` (q: the draft's distribution). Whether a
@@ -57,14 +70,14 @@ class Values:
     def calibrate(self, tree_size: int, path: np.ndarray, parents: np.ndarray,
                   node_q: Callable[[], np.ndarray] | None, source: np.ndarray | None = None) -> None:
         """Learn f from the children of accepted nodes (`node_q()`: each node's score given its parent,
-        NaN where none; `source`: who proposed it, so suffix scores calibrate f_suffix)."""
+        NaN where none; `source`: who proposed it, so each drafter's scores calibrate its own f)."""
         if not self.calibrated or node_q is None or tree_size < 2:
             return
         on_path = np.zeros(tree_size, dtype=bool)
         on_path[path] = True
         q = node_q()
         tested = (parents >= 0) & on_path[np.maximum(parents, 0)] & ~np.isnan(q)
-        sfx = np.zeros(tree_size, dtype=bool) if source is None else np.asarray(source) == SUFFIX
-        for f, mine in ((self.f, tested & ~sfx), (self.f_suffix, tested & sfx)):
-            if mine.any():
-                f.update(q[mine], on_path[mine])
+        src = np.full(tree_size, DRAFT) if source is None else np.where(np.asarray(source) == REVIEW, DRAFT, source)
+        for s in np.unique(src[tested]).tolist():
+            mine = tested & (src == s)
+            self.of(s).update(q[mine], on_path[mine])

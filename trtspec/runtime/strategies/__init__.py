@@ -50,10 +50,26 @@ def split_spec(spec: str) -> tuple[str, dict]:
     return name, options
 
 
+# Options that make one choice two ways (`suffix: true` is `drafter: suffix`): an override of one
+# drops what the config set for the other, so `staged:drafter=ngram` is the n-gram staged under a
+# config that sets `suffix: true`.
+SAME_CHOICE = ({"suffix", "drafter"},)
+
+
+def merged(options: dict, overrides: dict) -> dict:
+    """`options` with `overrides` over them (an override drops the options making its choice another way)."""
+    base = dict(options)
+    for group in SAME_CHOICE:
+        if group & overrides.keys():
+            for key in group - overrides.keys():
+                base.pop(key, None)
+    return {**base, **overrides}
+
+
 def resolve(spec: str, configured: dict[str, dict]) -> tuple[str, dict]:
     """(name, options) of a strategy spec: the config's options for that strategy, then the overrides."""
     name, overrides = split_spec(spec)
-    return name, {**(configured.get(name) or {}), **overrides}
+    return name, merged(configured.get(name) or {}, overrides)
 
 
 def make_strategy(name: str, /, **options) -> Strategy:
@@ -84,7 +100,7 @@ def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, 
         strat = spec
     else:
         name, options = resolve(spec, configured or {})
-        strat = make_strategy(name, **{**options, **overrides})
+        strat = make_strategy(name, **merged(options, overrides))
     check(strat, has_draft)
     return strat
 

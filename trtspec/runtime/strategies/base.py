@@ -16,8 +16,10 @@ naming `strategies.NAME.KEY`.
 """
 from __future__ import annotations
 
+from ...errors import ConfigError
 from ...options import checked_init
 from ..decode import DecodeState
+from ..drafters import Drafter, make_drafter
 from ..proposal import Proposal
 from ..runner import Calls
 
@@ -56,6 +58,14 @@ class Strategy:
         """The root alone (a coroutine that makes no model call)."""
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
+
+    def cheap_drafter(self, drafter: str, suffix: bool, **options) -> Drafter:
+        """The drafter a strategy grows its trees with (drafters/): `drafter`, or with `suffix: true`
+        the suffix tries (its older spelling); both naming others is a ConfigError."""
+        where = f"strategies.{self.name}"
+        if suffix and drafter not in ("ngram", "suffix"):
+            raise ConfigError(f"{where}: suffix: true is drafter: suffix, and drafter is {drafter!r}: give one")
+        return make_drafter("suffix" if suffix else drafter, f"{where}.drafter", **options)
 
     def sized(self, budget: int | str, cap: int) -> None:
         """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""

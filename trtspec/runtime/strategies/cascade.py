@@ -11,8 +11,9 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
 - Lenience applies below the top only; every level below the target is deterministic, so the
   target verifies with q = one-hot: greedy output is the target's greedy output and sampling is exact.
 
-With `suffix: true` the request's suffix tries (suffix_drafter.py: its own tokens and its scope's
-finished requests) take MaG's place in both tiers, and finished requests feed the scope's trie.
+The cheap level is `drafter` (drafters/): the default `ngram` is MaG; with `suffix` (or `suffix:
+true`) the request's suffix tries (its own tokens and its scope's finished requests) take MaG's
+place in both tiers, and finished requests feed the scope's trie.
 
 With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) is asked once per
 review: whether the draft's own next token pays for its verify cost, whether its review forward
@@ -29,14 +30,11 @@ import numpy as np
 from pydantic import Field
 
 from ...errors import ConfigError
-from ...options import auto_or
+from ...options import DrafterName, auto_or
 from ..budget import Round, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
-from ..ngram import NGramDrafter
-from ..proposal import NGRAM, SUFFIX
 from ..runner import Calls
-from ..suffix_drafter import SuffixDrafter
 from .base import Strategy
 
 Count = Annotated[int, Field(ge=0, le=64)]
@@ -49,26 +47,21 @@ class Cascade(Strategy):
     def __init__(self, k_draft: auto_or(64) = "auto",
                  max_k_draft: Annotated[int, Field(ge=1, le=64)] = 8, k_mag: Count = 4, mag_len: Count = 6,
                  lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None,
-                 suffix: bool = False, scope: Annotated[str, Field(max_length=128)] = "default"):
+                 drafter: DrafterName = "ngram", suffix: bool = False,
+                 scope: Annotated[str, Field(max_length=128)] = "default"):
         self.k_draft, self.max_k_draft, self.k_mag = k_draft, max_k_draft, k_mag
         self.mag_len, self.lenience = mag_len, lenience
         self.sized(k_draft, max_k_draft)
         self.kd = self.nodes                         # the reviewed tier's tokens (its cap, with auto)
         self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
-        table = _bigram(bigram) if bigram else None
-        self.mag = NGramDrafter(bigram=table)
-        self.scope = scope if suffix else ""
-        self.suffix = SuffixDrafter(scope=scope) if suffix else None
-
-    def _cheap(self, st: DecodeState, context, n: int) -> list[int]:
-        """The cheapest drafter's chain after `context`: the suffix tries', or MaG's."""
-        if self.suffix is not None:
-            return self.suffix.chain(st, context, n)
-        return self.mag.propose(context, n)
+        name = "suffix" if suffix else drafter
+        table = _bigram(bigram) if bigram else None      # fills in the ngram drafter's misses (only its)
+        self.scope = scope
+        self.drafter = self.cheap_drafter(drafter, suffix, scope=scope,
+                                          **({"bigram": table} if table is not None and name == "ngram" else {}))
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        if self.suffix is not None:
-            self.suffix.finished(st, prompt, output)
+        self.drafter.finished(st, prompt, output)
 
     def max_draft_rows(self) -> int:
         return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens
@@ -84,7 +77,7 @@ class Cascade(Strategy):
             values.saw_top1(q)
             v = values.child(value[last], q)
             leaf = len(chain) + 1 >= self.kd             # a leaf: no need to feed it
-            proposal = [] if leaf else self._cheap(st, np.append(tree.context(last), tok), self.mag_len)
+            proposal = [] if leaf else self.drafter.chain(st, np.append(tree.context(last), tok), self.mag_len)
             plan = budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=self.kd - len(chain) - 1,
                                      then=None if leaf else len(proposal), bar_ahead=0))
             if not plan.take:
@@ -105,8 +98,8 @@ class Cascade(Strategy):
                 chain.append(kept)
             last = chain[-1]
         if chain:
-            for tok in self._cheap(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
-                chain.append(tree.add(chain[-1], int(tok), source=SUFFIX if self.suffix else NGRAM))
+            for tok in self.drafter.chain(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
+                chain.append(tree.add(chain[-1], int(tok), source=self.drafter.tag))
                 value[chain[-1]] = 0.0               # verified, so counted; no probability to value it by
         return tree.proposal([0] + chain, values=joined(value), stage2_proposed=tree.reviewed,
                              stage2_accepted=tree.review_kept)

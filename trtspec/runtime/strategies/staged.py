@@ -6,18 +6,18 @@ node budget. Each round adds the `width` best candidates and feeds them to the d
 forward (the draft runs only on internal nodes: the last round's leaves are never fed).
 Stage 2, speeding up the draft itself: in the same forward, a cheap drafter proposes a chain after
 the round's best node and the draft reviews it (kept while it equals the draft's argmax), so one
-draft forward can advance several levels. The cheap drafter is the request's suffix tries with
-`suffix: true`, else (the default) the n-gram drafter (CS Drafting's MaG).
-Suffix drafts (`suffix: true`, suffix_drafter.py): the candidates the suffix tries propose from the
-root compete in the same best-first heap as the draft's, each valued by its own calibrated score;
-they cost no forward to find, so a round may take a whole suffix chain (only the draft's candidates
-are limited to `width`), and a picked suffix node is fed like any other, so the draft extends the
-tree where the suffix match runs out. Once a suffix candidate's parent is fed, the draft's view
+draft forward can advance several levels. The cheap drafter is `drafter` (drafters/: the default
+`ngram`, CS Drafting's MaG; `suffix`, the request's suffix tries; `suffix: true` is `drafter: suffix`).
+A scored drafter's candidates (`suffix`, drafters/suffix.py) also grow from the root: they compete
+in the same best-first heap as the draft's, each valued by its own calibrated score;
+they cost no forward to find, so a round may take a whole chain of them (only the draft's candidates
+are limited to `width`), and a picked one is fed like any other node, so the draft extends the
+tree where the drafter's match runs out. Once such a candidate's parent is fed, the draft's view
 counts too: a token outside the parent's top-k is worth at most the k-th probability there.
 Before any draft forward the budget decides whether one pays at all: where the
-suffix candidates alone make the better step (a repetitive stretch), the step is a suffix-only tree
-and the draft catches up later; where the gate finds no draft forward worth it (a crowded batch),
-the suffix tree is still proposed (`free`).
+drafter's candidates alone make the better step (a repetitive stretch), the step is a tree of them
+alone and the draft catches up later; where the gate finds no draft forward worth it (a crowded
+batch), that tree is still proposed (`free`).
 Children are deterministic (top tokens, copies), so sampling verification uses the exact q = one-hot
 rule. With `budget: auto` (the default) the budget (budget/auto.py) is asked once per round: how many
 of the best candidates pay for their verify cost, whether the draft forward that feeds them (with
@@ -33,20 +33,18 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from ...options import Budget, Fraction, TreeSize
+from ...options import Budget, DrafterName, Fraction, TreeSize
 from ..budget import Plan, Round, Values, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
-from ..ngram import NGramDrafter
 from ..proposal import Proposal
 from ..runner import Calls
-from ..suffix_drafter import SuffixDrafter
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
-# In a tree the draft grows, suffix candidates stand beside its own only after a match of at least
-# this many tokens. After a 1-2 token match the tries' most frequent continuation was the next token
-# 19-47% of the time on code edits (suffix_drafter.MATCH_DOUBT); on HumanEval the n-gram staged's
+# In a tree the draft grows, a scored drafter's candidates stand beside its own only after a match of
+# at least this many tokens. After a 1-2 token match the suffix tries' most frequent continuation was
+# the next token 19-47% of the time on code edits (drafters/suffix.py, MATCH_DOUBT); on HumanEval the n-gram staged's
 # draft nodes were accepted 72% of the time, and mixed trees' suffix candidates took their slots
 # (131 of 419 accepted, 0.94x the n-gram staged's speed). Whether a step is a suffix tree alone (no
 # draft forward) still weighs every candidate.
@@ -59,24 +57,22 @@ class Staged(Strategy):
 
     def __init__(self, budget: Budget = "auto", max_budget: TreeSize = 32, width: Small = 6, top_k: Small = 4,
                  max_rounds: Small = 8, stage2: bool = True, stage2_len: Annotated[int, Field(ge=0, le=64)] = 6,
-                 min_prob: Fraction = 0.01, suffix: bool = False,
+                 min_prob: Fraction = 0.01, drafter: DrafterName = "ngram", suffix: bool = False,
                  scope: Annotated[str, Field(max_length=128)] = "default"):
         self.budget, self.max_budget, self.width, self.top_k = budget, max_budget, width, top_k
         self.max_rounds = max_rounds
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
         self.sized(budget, max_budget)
-        self.ngram = NGramDrafter()
-        self.scope = scope if suffix else ""
-        self.suffix = SuffixDrafter(scope=scope) if suffix else None
+        self.scope = scope
+        self.drafter = self.cheap_drafter(drafter, suffix, scope=scope)
 
     def free(self, st: DecodeState) -> Proposal:
-        if self.suffix is None:
+        if not self.drafter.scored:
             return Proposal.root(st.root)
-        return self.suffix.alone(st, self.nodes)
+        return self.drafter.alone(st, self.nodes)
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        if self.suffix is not None:
-            self.suffix.finished(st, prompt, output)
+        self.drafter.finished(st, prompt, output)
 
     def max_tree_size(self) -> int:
         return self.nodes + (self.max_rounds * self.stage2_len if self.stage2 else 0) + 1
@@ -97,10 +93,10 @@ class Staged(Strategy):
 
     def propose(self, st: DecodeState) -> Calls:
         budget, values = st.budget, st.values
-        matched, sfx = self.suffix.candidates(st, self.nodes) if self.suffix else (0, [])
+        matched, sfx = self.drafter.candidates(st, self.nodes)
         if sfx and not budget.plan(Round(known=[c.value for c in sfx], feed=_draft_frontier(sfx), rows=2,
                                          ahead=self.max_rounds)).feed:
-            return self.suffix.tree(st, matched, sfx)        # no draft forward pays: suffix drafts alone
+            return self.drafter.tree(st, matched, sfx)       # no draft forward pays: the drafter's alone
         if matched < MIX_MATCH:
             sfx = []                                         # the draft's tree: no short-match guesses in it
         tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
@@ -133,7 +129,7 @@ class Staged(Strategy):
                 if node in value or self._keep_reviewed(st, tree, node, value, plan):
                     self._push(heap, order, tree, node, value[node], values)
         return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
-                             suffix_match=matched)
+                             **{f"{self.drafter.name}_match": matched} if self.drafter.scored else {})
 
     def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict,
               suffix: tuple) -> list[int]:
@@ -167,7 +163,10 @@ class Staged(Strategy):
                 if cand is not None:
                     at[cand] = int(same[0])
                 continue
-            node = tree.add(parent, tok, suffix_p=sfx[cand].prob if cand is not None else float("nan"))
+            if cand is None:
+                node = tree.add(parent, tok)
+            else:
+                node = tree.add(parent, tok, score=sfx[cand].prob, source=self.drafter.tag)
             if cand is not None:
                 at[cand] = node
             else:
@@ -201,14 +200,11 @@ class Staged(Strategy):
 
     def _stage2(self, st: DecodeState, tree: DraftTree, parent: int, token: int) -> list[int]:
         """Stage 2: the cheap drafter's chain after a node (`token` under `parent`: the round's most likely
-        one), the suffix tries' or else the n-gram drafter's, for the draft to review in the same
-        forward. Asked before the round's plan (its rows are the forward's), for the best candidate."""
+        one), for the draft to review in the same forward. Asked before the round's plan (its rows
+        are the forward's), for the best candidate."""
         if not self.stage2:
             return []
-        context = np.append(tree.context(parent), token)
-        if self.suffix is not None:
-            return self.suffix.chain(st, context, self.stage2_len)
-        return self.ngram.propose(context, self.stage2_len)
+        return self.drafter.chain(st, np.append(tree.context(parent), token), self.stage2_len)
 
     @staticmethod
     def _keep_reviewed(st: DecodeState, tree: DraftTree, node: int, value: dict, plan: Plan) -> bool:

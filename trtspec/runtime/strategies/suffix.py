@@ -1,6 +1,6 @@
 """suffix: SuffixDecoding (Oliaro et al.): a token tree from suffix tries, with no model call.
 
-The candidates come from the request's own trie and its scope's global trie (suffix_drafter.py:
+The candidates come from the request's own trie and its scope's global trie (drafters/suffix.py:
 matching, scoring, the global trie's scope and memory cap; ~270 bytes a node, so the default
 `global_nodes` of 500k is ~135 MB). With `budget: auto` (the default; cap `max_budget`) the budget
 values each candidate by its calibrated empirical probability (acceptance is learned apart from any
@@ -19,7 +19,7 @@ from ...options import Budget, Fraction, TreeSize
 from ..decode import DecodeState
 from ..proposal import Proposal
 from ..runner import Calls
-from ..suffix_drafter import SuffixDrafter
+from ..drafters import SuffixDrafter
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
@@ -33,7 +33,7 @@ class SuffixSpeculative(Strategy):
                  scope: Annotated[str, Field(max_length=128)] = "default", prompts: bool = False,
                  global_nodes: Annotated[int, Field(ge=1000, le=50_000_000)] = 500_000):
         self.budget, self.max_budget, self.scope = budget, max_budget, scope
-        self.drafter = SuffixDrafter(width, min_prob, depth, max_match, scope, prompts, global_nodes)
+        self.drafter = SuffixDrafter(scope, width, min_prob, depth, max_match, prompts, global_nodes)
         self.sized(budget, max_budget)
 
     def propose(self, st: DecodeState) -> Calls:

@@ -1,14 +1,15 @@
-"""SuffixDrafter: the candidate tokens a request's suffix tries propose, best first, at no model call.
+"""SuffixDrafter (`suffix`): the candidates a request's suffix tries propose, best first, at no model call.
 
-Shared by the `suffix` strategy (a tree of these alone) and the tree strategies that mix them with
-the draft model's candidates (`staged` with `suffix: true`). The request's own trie (its prompt and
-output so far) and, unless `scope` is empty, the global trie of that scope (finished requests'
-outputs, and prompts with `prompts: true`; bounded by `global_nodes`, oldest forgotten first) are
-matched against the longest suffix of the sequence they hold with a continuation (at most
-`max_match` tokens). The candidates grow best-first from there: a node's score is its empirical
-probability (pooled counts) discounted by how short the match behind it is (MATCH_DOUBT), its value
-its parent's times the budget's calibrated acceptance of that score; up to `width` children per
-node, `min_prob` at least, never deeper than the tries remember.
+A scored drafter (base.py): the `suffix` strategy verifies a tree of these alone, and the tree
+strategies mix them with the draft model's candidates (`staged` with `drafter: suffix`). The
+request's own trie (its prompt and output so far) and, unless `scope` is empty, the global trie of
+that scope (finished requests' outputs, and prompts with `prompts: true`; bounded by
+`global_nodes`, oldest forgotten first) are matched against the longest suffix of the sequence
+they hold with a continuation (at most `max_match` tokens). The candidates grow best-first from
+there: a node's score is its empirical probability (pooled counts) discounted by how short the
+match behind it is (MATCH_DOUBT), its value its parent's times the budget's calibrated acceptance
+of that score; up to `width` children per node, `min_prob` at least, never deeper than the tries
+remember.
 
 Every candidate's value is at most its parent's and parents come first, so any prefix of the list
 is a tree. The drafts are deterministic (q = one-hot under sampling): lossless like every drafter.
@@ -17,17 +18,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass
 
-import numpy as np
+from ..decode import DecodeState
+from ..suffix import Suffixes, continuations, match, store
+from .base import Candidate, Drafter
 
-from .budget import Round
-from .decode import DecodeState
-from .proposal import SUFFIX, Proposal
-from .suffix import Suffixes, continuations, match, store
-from .tree import TokenTree
-
-NAME = "suffix"          # the request's own trie, in its strategy_state
 # How much a continuation seen after a matched suffix of m tokens is to be believed: its empirical
 # probability times 1 - MATCH_DOUBT**m. A one-token match predicts little (measured with the Qwen
 # pair's greedy outputs: the most frequent continuation was the next token 19% of the time after a
@@ -42,20 +37,16 @@ CARRY, KEEP = 32.0, 2000.0
 SEED = "suffix_seed"     # the calibration a request started from, in its strategy_state
 
 
-@dataclass(frozen=True)
-class Candidate:
-    parent: int          # index of the parent candidate in the list; -1: the root (last emitted token)
-    token: int
-    prob: float          # the score calibrated: empirical probability given the parent, match-discounted
-    value: float         # the budget's value: P(reached and accepted)
+class SuffixDrafter(Drafter):
+    name = "suffix"             # also where the request's own trie is kept, in its strategy_state
+    scored = True
 
-
-class SuffixDrafter:
-    def __init__(self, width: int = 4, min_prob: float = 0.05, depth: int = 24, max_match: int = 16,
-                 scope: str = "default", prompts: bool = False, global_nodes: int = 500_000):
+    def __init__(self, scope: str = "default", width: int = 4, min_prob: float = 0.05, depth: int = 24,
+                 max_match: int = 16, prompts: bool = False, global_nodes: int = 500_000):
+        super().__init__(scope)
         self.width, self.min_prob, self.depth = width, min_prob, depth
         self.max_match = min(max_match, depth - 1)
-        self.scope, self.prompts, self.global_nodes = scope, prompts, global_nodes
+        self.prompts, self.global_nodes = prompts, global_nodes
 
     def _store(self, st: DecodeState):
         """The global trie of this scope for this target's vocabulary (histories of models with another
@@ -67,10 +58,10 @@ class SuffixDrafter:
     def _tries(self, st: DecodeState):
         """The request's own trie (synced to its sequence) and the scope's store (None: off). On the
         request's first call its suffix calibration starts from the scope's."""
-        own, shared = st.strategy_state.get(NAME), self._store(st)
+        own, shared = st.strategy_state.get(self.name), self._store(st)
         if own is None:
-            own = st.strategy_state[NAME] = Suffixes(self.depth)
-            f = st.values.f_suffix                           # calibrated values only (budget auto)
+            own = st.strategy_state[self.name] = Suffixes(self.depth)
+            f = st.values.of(self.tag)                       # calibrated values only (budget auto)
             if shared is not None and f is not None:
                 with shared.lock:
                     f.carry(shared.calibration, CARRY)
@@ -95,21 +86,6 @@ class SuffixDrafter:
         with shared.lock:
             return _follow([own, shared.tree], context, self.max_match, n)
 
-    def alone(self, st: DecodeState, cap: int) -> Proposal:
-        """A step's tree of suffix drafts alone (up to `cap` nodes; see `tree`)."""
-        return self.tree(st, *self.candidates(st, cap))
-
-    @staticmethod
-    def tree(st: DecodeState, matched: int, cands: list[Candidate]) -> Proposal:
-        """The candidates alone as the step's tree: the prefix of them (best first) that maximises the
-        step's expected rate by the budget, if that beats the batch all at ar (all of them with a
-        fixed budget)."""
-        cands = cands[: st.budget.plan(Round(known=[c.value for c in cands], free=True)).take]
-        tree = TokenTree([st.root] + [c.token for c in cands], [-1] + [c.parent + 1 for c in cands])
-        node_q = np.array([np.nan] + [c.prob for c in cands])
-        return Proposal(tree, node_q=lambda: node_q, stats={"suffix_match": matched},
-                        source=np.full(len(tree), SUFFIX, dtype=np.int64), values=[c.value for c in cands])
-
     def _grow(self, st: DecodeState, trees, cap: int) -> tuple[int, list[Candidate]]:
         values = st.values
         matched, nodes = match(trees, st.tokens(), self.max_match)
@@ -123,7 +99,7 @@ class SuffixDrafter:
                 return
             trust = 1 - MATCH_DOUBT ** (matched + depth - 1)
             for tok, p, kids in continuations(under)[: self.width]:
-                v = values.child(value, p * trust, suffix=True)
+                v = values.child(value, p * trust, self.tag)
                 if v >= self.min_prob:
                     heapq.heappush(heap, (-v, next(order), parent, tok, p * trust, kids, depth))
 
@@ -146,7 +122,7 @@ class SuffixDrafter:
         seed = st.strategy_state.get(SEED)
         if seed is not None:
             with shared.lock:
-                shared.calibration.absorb(st.values.f_suffix, seed, KEEP)
+                shared.calibration.absorb(st.values.of(self.tag), seed, KEEP)
 
 
 def _follow(trees, context, max_match: int, n: int) -> list[int]:

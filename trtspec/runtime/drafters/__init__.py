@@ -1,0 +1,26 @@
+"""Drafters, by name: the registry. Each file holds one drafter (a part that proposes candidates at
+no model call, see base.py); adding one is its file plus one line in DRAFTERS. Strategies name the
+drafter they grow trees with (`drafter: NAME`), and the step's `sources` report counts its nodes
+under that name.
+"""
+from __future__ import annotations
+
+from ...errors import ConfigError
+from .base import Candidate, Drafter
+from .ngram import NGram
+from .suffix import SuffixDrafter
+
+DRAFTERS: dict[str, type[Drafter]] = {
+    "ngram": NGram,
+    "suffix": SuffixDrafter,
+}
+
+
+def make_drafter(name: str, where: str, /, **options) -> Drafter:
+    """The drafter `name` with `options`; a ConfigError naming the option `where` if there is none such."""
+    if name not in DRAFTERS:
+        raise ConfigError(f"{where} = {name!r}: unknown drafter; choose one of: {', '.join(DRAFTERS)}")
+    return DRAFTERS[name](**options)
+
+
+__all__ = ["Candidate", "DRAFTERS", "Drafter", "NGram", "SuffixDrafter", "make_drafter"]
