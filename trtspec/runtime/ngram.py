@@ -1,4 +1,4 @@
-"""NGramDrafter: the statistical bottom drafter (CS Drafting's MaG max-gram copy).
+"""NGramDrafter: the matcher behind the `ngram` drafter (drafters/ngram.py): CS Drafting's MaG max-gram copy.
 
 Finds the longest suffix of the sequence (prompt + output) that occurred earlier and copies the
 tokens that followed it. Deterministic and free, so its proposals are verified with q = one-hot.
