@@ -60,6 +60,10 @@ class Drafter:
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
         pass
 
+    def stats(self, matched: int) -> dict:
+        """What a step that drew on its candidates reports of them: the length of their match."""
+        return {f"{self.name}_match": matched} if self.scored else {}
+
     def alone(self, st: DecodeState, cap: int) -> Proposal:
         """A step's tree of this drafter's candidates alone (up to `cap` nodes; see `tree`)."""
         return self.tree(st, *self.candidates(st, cap))
@@ -71,5 +75,5 @@ class Drafter:
         cands = cands[: st.budget.plan(Round(known=[c.value for c in cands], free=True)).take]
         tree = TokenTree([st.root] + [c.token for c in cands], [-1] + [c.parent + 1 for c in cands])
         node_q = np.array([np.nan] + [c.prob for c in cands])
-        return Proposal(tree, node_q=lambda: node_q, stats={f"{self.name}_match": matched},
+        return Proposal(tree, node_q=lambda: node_q, stats=self.stats(matched),
                         source=np.full(len(tree), self.tag, dtype=np.int64), values=[c.value for c in cands])

@@ -59,13 +59,18 @@ class Strategy:
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
 
-    def cheap_drafter(self, drafter: str, suffix: bool, **options) -> Drafter:
-        """The drafter a strategy grows its trees with (drafters/): `drafter`, or with `suffix: true`
-        the suffix tries (its older spelling); both naming others is a ConfigError."""
-        where = f"strategies.{self.name}"
+    def drafter_choice(self, drafter: str, suffix: bool) -> str:
+        """The name of the drafter a strategy grows its trees with (drafters/): `drafter`, or with
+        `suffix: true` the suffix tries (its older spelling); both naming others is a ConfigError."""
         if suffix and drafter not in ("ngram", "suffix"):
-            raise ConfigError(f"{where}: suffix: true is drafter: suffix, and drafter is {drafter!r}: give one")
-        return make_drafter("suffix" if suffix else drafter, f"{where}.drafter", **options)
+            raise ConfigError(f"strategies.{self.name}: suffix: true is drafter: suffix, and drafter is {drafter!r}: "
+                              "give one")
+        return "suffix" if suffix else drafter
+
+    def cheap_drafter(self, name: str, **options) -> Drafter:
+        """The drafter `name` with `options`, through the registry (an unknown name: a ConfigError
+        naming `strategies.NAME.drafter` and the choices)."""
+        return make_drafter(name, f"strategies.{self.name}.drafter", **options)
 
     def sized(self, budget: int | str, cap: int) -> None:
         """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""

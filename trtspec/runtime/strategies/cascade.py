@@ -54,10 +54,10 @@ class Cascade(Strategy):
         self.sized(k_draft, max_k_draft)
         self.kd = self.nodes                         # the reviewed tier's tokens (its cap, with auto)
         self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
-        name = "suffix" if suffix else drafter
+        name = self.drafter_choice(drafter, suffix)
         table = _bigram(bigram) if bigram else None      # fills in the ngram drafter's misses (only its)
         self.scope = scope
-        self.drafter = self.cheap_drafter(drafter, suffix, scope=scope,
+        self.drafter = self.cheap_drafter(name, scope=scope,
                                           **({"bigram": table} if table is not None and name == "ngram" else {}))
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:

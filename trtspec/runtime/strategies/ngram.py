@@ -25,7 +25,7 @@ class NGramSpeculative(Strategy):
         # min_ngram > 1 drafts only on longer matches: where verifying extra tokens is not free
         # (a CPU step over T tokens costs more than one over 1), junk drafts cost real time.
         opts = {"min_ngram": min_ngram} if drafter == "ngram" else {}
-        self.drafter = self.cheap_drafter(drafter, False, **opts)
+        self.drafter = self.cheap_drafter(drafter, **opts)
 
     def propose(self, st: DecodeState) -> Calls:
         tree = TokenTree.chain(st.root, self.drafter.chain(st, st.tokens(), self.k))

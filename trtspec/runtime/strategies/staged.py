@@ -64,7 +64,7 @@ class Staged(Strategy):
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
         self.sized(budget, max_budget)
         self.scope = scope
-        self.drafter = self.cheap_drafter(drafter, suffix, scope=scope)
+        self.drafter = self.cheap_drafter(self.drafter_choice(drafter, suffix), scope=scope)
 
     def free(self, st: DecodeState) -> Proposal:
         if not self.drafter.scored:
@@ -129,7 +129,7 @@ class Staged(Strategy):
                 if node in value or self._keep_reviewed(st, tree, node, value, plan):
                     self._push(heap, order, tree, node, value[node], values)
         return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
-                             **{f"{self.drafter.name}_match": matched} if self.drafter.scored else {})
+                             **self.drafter.stats(matched))
 
     def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict,
               suffix: tuple) -> list[int]:
