@@ -60,19 +60,26 @@ SPECS = ["ngram:drafter=oracle", "staged:drafter=oracle", "staged:drafter=oracle
          "cascade:drafter=oracle", "cascade:drafter=oracle:k_draft=2"]
 
 
-@pytest.mark.parametrize("spec", SPECS)
-def test_a_drafter_registered_from_a_test_file_drives_the_strategies(gen, oracle, spec):
+def sources_of(gen, spec: str, refs: list[list[int]], allowed: set[str]) -> dict[str, list[int]]:
+    """{drafter: [nodes proposed, accepted]} over every step of PROMPTS run with `spec`; every output
+    is its greedy reference and every recorded node's source is one of `allowed`."""
     mix: dict[str, list[int]] = {}
-    for prompt, ref in zip(PROMPTS, oracle):
+    for prompt, ref in zip(PROMPTS, refs):
         out = gen.generate(prompt, strategy=spec, max_new_tokens=N, record_trees=True)
         assert out.token_ids == ref, spec
         for s in out.steps:
             for name, (proposed, accepted) in s.extra.get("sources", {}).items():
                 mix[name] = [a + b for a, b in zip(mix.get(name, [0, 0]), (proposed, accepted))]
             names = s.extra["tree"].get("source", [])
-            assert set(names) <= {"draft", "review", "oracle"}, names
+            assert set(names) <= allowed, names
         if spec.startswith("ngram"):
             assert len(out.steps) < len(ref)                                # it sped decoding up
+    return mix
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_drafter_registered_from_a_test_file_drives_the_strategies(gen, oracle, spec):
+    mix = sources_of(gen, spec, oracle, {"draft", "review", "oracle"})
     oracle_nodes, reviewed = mix.get("oracle", [0, 0]), mix.get("review", [0, 0])
     assert oracle_nodes[1] == oracle_nodes[0], (spec, mix)                # perfect guesses, all accepted
     assert oracle_nodes[0] > 0, (spec, mix)                               # its own nodes, under its name
@@ -121,12 +128,84 @@ def test_an_override_of_the_drafter_wins_over_the_config_s_other_spelling(oracle
     """`suffix: true` is `drafter: suffix`: a spec's override of either drops the config's other, and
     both naming different drafters in one place is one ConfigError line."""
     configured = {"staged": {"suffix": True}, "cascade": {"drafter": "oracle"}}
-    assert strategy("staged", configured).drafter.name == "suffix"
-    assert strategy("staged:drafter=ngram", configured).drafter.name == "ngram"
-    assert strategy("staged:drafter=oracle", configured).drafter.name == "oracle"
-    assert strategy("cascade", configured).drafter.name == "oracle"
-    assert strategy("cascade:suffix=true", configured).drafter.name == "suffix"
-    assert strategy("staged", configured, drafter="oracle").drafter.name == "oracle"
+
+    def names(spec, **overrides):
+        return [d.name for d in strategy(spec, configured, **overrides).drafters]
+    assert names("staged") == ["suffix"]
+    assert names("staged:drafter=ngram") == ["ngram"]
+    assert names("staged:drafter=oracle") == ["oracle"]
+    assert names("cascade") == ["oracle"]
+    assert names("cascade:suffix=true") == ["suffix"]
+    assert names("staged", drafter="oracle") == ["oracle"]
+    assert names("staged:drafter=[oracle,ngram]") == names("staged:drafter=oracle+ngram") == ["oracle", "ngram"]
     with pytest.raises(ConfigError) as e:
         Staged(drafter="oracle", suffix=True)
     assert "\n" not in str(e.value) and "give one" in str(e.value)
+
+
+class Wrong(Oracle):
+    """Proposes the token after each of the oracle's (never the target's), with the same high score:
+    a scored drafter whose every node is rejected."""
+    name = "wrong"
+
+    def candidates(self, st, cap: int) -> tuple[int, list[Candidate]]:
+        matched, cands = super().candidates(st, cap)
+        return matched, [Candidate(c.parent, (c.token + 1) % 16, c.prob, c.value) for c in cands[:3]]
+
+
+class Half(Oracle):
+    """The oracle's chains after a context of even length only (an empty chain otherwise), unscored."""
+    name = "half"
+    scored = False
+
+    def chain(self, st, context, n: int) -> list[int]:
+        return super().chain(st, context, n) if len(context) % 2 == 0 else []
+
+
+LISTS = ["staged:drafter=[oracle,wrong]", "staged:drafter=wrong+oracle+ngram", "staged:drafter=[ngram,oracle]",
+         "staged:drafter=[half,oracle]", "cascade:drafter=half+oracle", "ngram:drafter=[half,oracle]"]
+
+
+@pytest.mark.parametrize("spec", LISTS)
+def test_a_strategy_grows_its_trees_from_a_list_of_drafters(gen, oracle, monkeypatch, spec):
+    """`drafter: [a, b, ...]`: every scored drafter's candidates join the tree, a chain is the first
+    non-empty one, each node is counted under the name of the drafter that proposed it, every output
+    is the target's greedy output, and every drafter learns from finished requests."""
+    monkeypatch.setitem(DRAFTERS, "wrong", Wrong)
+    monkeypatch.setitem(DRAFTERS, "half", Half)
+    mix = sources_of(gen, spec, oracle, {"draft", "review", "oracle", "wrong", "half", "ngram", "suffix"})
+    assert mix.get("oracle", [0, 0])[0] > 0 and mix["oracle"][0] == mix["oracle"][1], (spec, mix)
+    if "wrong" in spec:                                 # its own nodes, under its own name, all rejected
+        assert mix.get("wrong", [0, 0])[0] > 0 and mix["wrong"][1] == 0, (spec, mix)
+    if spec.startswith("ngram"):      # its chains first, the oracle's where it has none (elsewhere: reviewed)
+        assert mix.get("half", [0, 0])[0] > 0 and mix["half"][0] == mix["half"][1], (spec, mix)
+    assert Oracle.finished_calls == [N] * len(PROMPTS) * (1 + ("wrong" in spec) + ("half" in spec))
+
+
+def test_two_drafters_candidates_merge_into_one_tree():
+    """A path two drafters propose joins once, as the better candidate, and the other's children hang
+    under it; parents come first, values never rise, each node keeps its drafter's tag."""
+    from trtspec.runtime.drafters import merged
+
+    class A(Drafter):
+        name = "a"
+
+    class B(Drafter):
+        name = "b"
+    a = [Candidate(-1, 5, 0.9, 0.9), Candidate(0, 6, 0.9, 0.8), Candidate(-1, 7, 0.3, 0.1)]
+    b = [Candidate(-1, 5, 0.8, 0.7), Candidate(0, 8, 0.9, 0.6), Candidate(1, 9, 0.9, 0.5), Candidate(-1, 4, 0.5, 0.3)]
+    cands, tags = merged([(A(), 4, a), (B(), 2, b)], 16)
+    got = [(c.parent, c.token, c.value) for c in cands]
+    assert got == [(-1, 5, 0.9), (0, 6, 0.8), (0, 8, 0.6), (2, 9, 0.5), (-1, 4, 0.3), (-1, 7, 0.1)]
+    assert tags == [A().tag, A().tag, A().tag, B().tag, B().tag, B().tag, A().tag]     # the root's first
+    assert [c.token for c in merged([(A(), 4, a), (B(), 2, b)], 3)[0]] == [5, 6, 8]
+    assert merged([(A(), 4, a)], 16) == (a, [A().tag] * 4)               # one drafter's: as they are
+
+
+def test_a_bad_list_of_drafters_is_one_line():
+    for spec, words in (("staged:drafter=ngram+ngram", "named twice"), ("staged:drafter=ngram+", "list of 1 to 8"),
+                        ("cascade:drafter=[]", "list of 1 to 8"), ("ngram:drafter=[ngram,3]", "list of 1 to 8"),
+                        ("staged:drafter=[ngram,nope]", "unknown drafter")):
+        with pytest.raises(ConfigError) as e:
+            strategy(spec)
+        assert "\n" not in str(e.value) and words in str(e.value) and "strategies." in str(e.value), spec

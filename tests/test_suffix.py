@@ -20,7 +20,7 @@ from hypothesis import strategies as hst
 from trtspec.runtime.budget import Acceptance, Values
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
-from trtspec.runtime.strategies.staged import MIX_MATCH
+from trtspec.runtime.strategies.staged import MIX_MATCH, Offered
 from trtspec.runtime.drafters import Candidate, SuffixDrafter
 from trtspec.runtime.drafters.suffix import CARRY
 
@@ -209,14 +209,16 @@ def test_a_suffix_candidate_is_valued_by_its_parent_now_and_capped_by_the_draft_
         top = {0: ([0.6, 0.2, 0.1], [5, 6, 7])}              # the root's top-3 from the draft
     values = Values()                                         # calibrated (budget auto), at its prior
     sfx = [Candidate(-1, 9, 0.9, 0.8), Candidate(0, 4, 0.9, 0.7), Candidate(-1, 6, 0.5, 0.4)]
-    at, cur, value = [0, 0, 0], [c.value for c in sfx], {0: 1.0}
-    v0 = Staged._suffix_value(Tree, values, value, (sfx, at, cur), 0)
+    offered = Offered(SuffixDrafter(), sfx, 0.01)                       # staged's heap source for them
+    at, cur, value = offered.at, offered.cur, {0: 1.0}
+    assert at == [0, 0, 0] and cur == [c.value for c in sfx]
+    v0 = offered._value(Tree, values, value, 0)
     assert v0 == pytest.approx(values.child(1.0, 0.1)) and v0 < 0.8      # outside the top-3: capped
-    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 2) == pytest.approx(0.4)   # inside: its own
+    assert offered._value(Tree, values, value, 2) == pytest.approx(0.4)   # inside: its own
     cur[0] = v0                                                          # it went back to the heap
-    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 1) == pytest.approx(v0 * 0.7 / 0.8)
+    assert offered._value(Tree, values, value, 1) == pytest.approx(v0 * 0.7 / 0.8)
     at[0], value[3] = 3, 0.5                                             # now node 3 (unfed) of value 0.5
-    assert Staged._suffix_value(Tree, values, value, (sfx, at, cur), 1) == pytest.approx(0.5 * 0.7 / 0.8)
+    assert offered._value(Tree, values, value, 1) == pytest.approx(0.5 * 0.7 / 0.8)
 
 
 @pytest.mark.parametrize("matched", [MIX_MATCH - 1, MIX_MATCH])

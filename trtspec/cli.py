@@ -95,7 +95,9 @@ def build(config_path: str, output: str, backend: str | None, force: bool) -> No
                    "staged: best-first draft tree + n-gram-reviewed draft. dyspec: dynamic tree (heap or "
                    "threshold). gsd: top-k graph with merged repeats. cascade: draft reviews n-gram drafts "
                    "(CS Drafting). All lossless. Options per strategy live in the config; override one here, "
-                   "e.g. staged:budget=12 (a fixed tree instead of budget: auto). Default: the config's.")
+                   "e.g. staged:budget=12 (a fixed tree instead of budget: auto), or staged:drafter=suffix+ngram "
+                   "(its free drafters, in order: suffix-trie candidates, then n-gram chains where the tries "
+                   "have none). Default: the config's.")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(1),
               help=f"Cap on new tokens. Default: with --chat, until the model ends its turn (at most "
                    f"{CHAT_MAX_NEW_TOKENS}, and what fits max_seq_len); without, {PLAIN_MAX_NEW_TOKENS}. "

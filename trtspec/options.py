@@ -27,7 +27,18 @@ NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 TreeSize = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]     # nodes a step may add to a tree
 Depth = Annotated[int, Field(ge=1, le=MAX_STEP_TOKENS - 1)]
-DrafterName = Annotated[str, Field(min_length=1, max_length=64)]    # a drafter's registry name (runtime/drafters/)
+
+
+def _drafters(v: Any) -> Any:
+    """A strategy's drafters (runtime/drafters/base.py): a name, names joined by "+", or a list of 1 to 8
+    names, in the order it asks them (one error for all three forms)."""
+    names = v.split("+") if isinstance(v, str) else v
+    if type(names) is list and 1 <= len(names) <= 8 and all(type(n) is str and 1 <= len(n) <= 64 for n in names):
+        return v
+    raise ValueError("should be a drafter's name, or a list of 1 to 8 names (or names joined by '+')")
+
+
+Drafters = Annotated[Any, PlainValidator(_drafters)]
 
 
 def auto_or(most: int):

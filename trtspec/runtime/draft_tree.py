@@ -13,6 +13,11 @@ forward (staged speculation / vertical cascade): chain tokens are fed speculativ
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
 marked dead and never reach the target.
 
+It is the draft model as a part (drafters/base.py has the free ones): `open` begins a step's tree,
+`candidates(node, value)` are the model's valued children of a fed node (its nodes are tagged
+`draft`), `feed` feeds a frontier (and reviews other drafters' chains), and the step accepts by
+committing the draft KV rows of the verified path (`proposal`).
+
 Each draft forward ends with one host read (`runner.read`: the scheduler reads every request's of
 a draft round in one transfer): every fed node's top-k (`top[node]`: probabilities and
 tokens, k = the strategy's `top_k`, at least the argmax) and each reviewed chain token's probability
@@ -116,6 +121,15 @@ class DraftTree:
 
     def fed(self, node: int) -> bool:
         return self.row[node] >= 0
+
+    def candidates(self, node: int, value: float) -> list[tuple[float, int, float]]:
+        """The draft model's candidates under the fed `node` (worth `value`): its top-k children as
+        (value, token, probability), best first, each valued by the request's Values (the draft's
+        calibration) and the top-1 seen by it. Read with the forward that fed the node: no device read."""
+        values = self.st.values
+        probs, toks = self.top[node]
+        values.saw_top1(probs[0])
+        return [(values.child(value, p), t, p) for p, t in zip(probs, toks)]
 
     def prob(self, parent: int, token: int) -> float:
         """The draft's probability of `token` after the fed node `parent`: from the host copies read

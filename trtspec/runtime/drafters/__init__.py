@@ -1,12 +1,12 @@
 """Drafters, by name: the registry. Each file holds one drafter (a part that proposes candidates at
 no model call, see base.py); adding one is its file plus one line in DRAFTERS. Strategies name the
-drafter they grow trees with (`drafter: NAME`), and the step's `sources` report counts its nodes
-under that name.
+drafters they grow trees with (`drafter: NAME`, or a list of names), and the step's `sources` report
+counts each one's nodes under its name.
 """
 from __future__ import annotations
 
 from ...errors import ConfigError
-from .base import Candidate, Drafter
+from .base import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
 from .ngram import NGram
 from .suffix import SuffixDrafter
 
@@ -23,4 +23,5 @@ def make_drafter(name: str, where: str, /, **options) -> Drafter:
     return DRAFTERS[name](**options)
 
 
-__all__ = ["Candidate", "DRAFTERS", "Drafter", "NGram", "SuffixDrafter", "make_drafter"]
+__all__ = ["Candidate", "DRAFTERS", "Drafter", "NGram", "SuffixDrafter", "as_tree", "first_chain", "make_drafter",
+           "merged", "offer_stats", "offers", "together"]

@@ -29,6 +29,7 @@ class Strategy:
     needs_draft = False
     auto = False       # budget: auto (the request's budget sizes every tree, up to `nodes`)
     nodes = 0          # the most nodes a tree adds to its root (the cap, with auto)
+    drafters: list[Drafter] = []     # the free drafters it grows trees with (drafters/), in order
 
     def __init__(self) -> None:
         pass
@@ -59,18 +60,26 @@ class Strategy:
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
 
-    def drafter_choice(self, drafter: str, suffix: bool) -> str:
-        """The name of the drafter a strategy grows its trees with (drafters/): `drafter`, or with
-        `suffix: true` the suffix tries (its older spelling); both naming others is a ConfigError."""
-        if suffix and drafter not in ("ngram", "suffix"):
+    def drafter_choice(self, drafter: str | list[str], suffix: bool) -> list[str]:
+        """The names of the drafters a strategy grows its trees with (drafters/), in the order it asks
+        them: `drafter` (a name, a list, or names joined by "+": `suffix+ngram`, as a comma-separated
+        list of strategy specs can hold them), or with `suffix: true` the suffix tries (its older
+        spelling); both naming others, or a name given twice, is a ConfigError."""
+        names = drafter.split("+") if isinstance(drafter, str) else list(drafter)
+        if suffix and names not in (["ngram"], ["suffix"]):
             raise ConfigError(f"strategies.{self.name}: suffix: true is drafter: suffix, and drafter is {drafter!r}: "
                               "give one")
-        return "suffix" if suffix else drafter
+        if len(set(names)) < len(names):
+            raise ConfigError(f"strategies.{self.name}.drafter = {drafter!r}: a drafter is named twice; name each once")
+        return ["suffix"] if suffix else names
 
-    def cheap_drafter(self, name: str, **options) -> Drafter:
-        """The drafter `name` with `options`, through the registry (an unknown name: a ConfigError
-        naming `strategies.NAME.drafter` and the choices)."""
-        return make_drafter(name, f"strategies.{self.name}.drafter", **options)
+    def cheap_drafters(self, names: list[str], only: dict[str, dict] | None = None, **options) -> list[Drafter]:
+        """The drafters `names`, each with `options` (and `only[name]`, options for that one alone),
+        through the registry (an unknown name: a ConfigError naming `strategies.NAME.drafter` and the
+        choices). They are the strategy's `drafters`: `finished` reaches each."""
+        where = f"strategies.{self.name}.drafter"
+        self.drafters = [make_drafter(n, where, **options, **(only or {}).get(n, {})) for n in names]
+        return self.drafters
 
     def sized(self, budget: int | str, cap: int) -> None:
         """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""
@@ -86,7 +95,9 @@ class Strategy:
         return self.nodes if self.auto else None
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        """A request of this strategy ended normally (stop or length): what it may learn from it."""
+        """A request of this strategy ended normally (stop or length): what its drafters may learn from it."""
+        for d in self.drafters:
+            d.finished(st, prompt, output)
 
     def max_draft_rows(self) -> int:
         """Most draft-KV rows one step writes beyond the sequence (fed tree nodes, reviewed chains)."""

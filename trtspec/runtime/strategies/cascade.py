@@ -13,7 +13,8 @@ Levels: target <- draft model <- MaG (n-gram max-gram copy + optional greedy big
 
 The cheap level is `drafter` (drafters/): the default `ngram` is MaG; with `suffix` (or `suffix:
 true`) the request's suffix tries (its own tokens and its scope's finished requests) take MaG's
-place in both tiers, and finished requests feed the scope's trie.
+place in both tiers, and finished requests feed the scope's trie. With a list (`[suffix, ngram]`)
+each chain is the first drafter's that is not empty.
 
 With `k_draft: auto` (the default; cap `max_k_draft`) the budget (budget/auto.py) is asked once per
 review: whether the draft's own next token pays for its verify cost, whether its review forward
@@ -30,10 +31,11 @@ import numpy as np
 from pydantic import Field
 
 from ...errors import ConfigError
-from ...options import DrafterName, auto_or
+from ...options import Drafters, auto_or
 from ..budget import Round, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
+from ..drafters import first_chain
 from ..runner import Calls
 from .base import Strategy
 
@@ -47,21 +49,17 @@ class Cascade(Strategy):
     def __init__(self, k_draft: auto_or(64) = "auto",
                  max_k_draft: Annotated[int, Field(ge=1, le=64)] = 8, k_mag: Count = 4, mag_len: Count = 6,
                  lenience: Annotated[float, Field(ge=1.0, allow_inf_nan=False)] = 1.0, bigram: str | None = None,
-                 drafter: DrafterName = "ngram", suffix: bool = False,
+                 drafter: Drafters = "ngram", suffix: bool = False,
                  scope: Annotated[str, Field(max_length=128)] = "default"):
         self.k_draft, self.max_k_draft, self.k_mag = k_draft, max_k_draft, k_mag
         self.mag_len, self.lenience = mag_len, lenience
         self.sized(k_draft, max_k_draft)
         self.kd = self.nodes                         # the reviewed tier's tokens (its cap, with auto)
         self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
-        name = self.drafter_choice(drafter, suffix)
         table = _bigram(bigram) if bigram else None      # fills in the ngram drafter's misses (only its)
         self.scope = scope
-        self.drafter = self.cheap_drafter(name, scope=scope,
-                                          **({"bigram": table} if table is not None and name == "ngram" else {}))
-
-    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        self.drafter.finished(st, prompt, output)
+        self.cheap_drafters(self.drafter_choice(drafter, suffix), only={"ngram": {"bigram": table}} if bigram else None,
+                            scope=scope)
 
     def max_draft_rows(self) -> int:
         return self.kd * (self.mag_len + 1)        # every review may feed mag_len rejected tokens
@@ -73,11 +71,10 @@ class Cascade(Strategy):
         chain: list[int] = []                       # node ids, in order
         last, value = 0, {0: 1.0}                   # each node's value, in the order it joined (the root first)
         while len(chain) < self.kd:
-            q, tok = tree.top[last][0][0], tree.top[last][1][0]     # the draft's own token
-            values.saw_top1(q)
-            v = values.child(value[last], q)
+            v, tok, _ = tree.candidates(last, value[last])[0]      # the draft's own token
             leaf = len(chain) + 1 >= self.kd             # a leaf: no need to feed it
-            proposal = [] if leaf else self.drafter.chain(st, np.append(tree.context(last), tok), self.mag_len)
+            proposal = [] if leaf else first_chain(self.drafters, st, np.append(tree.context(last), tok),
+                                                   self.mag_len)[1]
             plan = budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=self.kd - len(chain) - 1,
                                      then=None if leaf else len(proposal), bar_ahead=0))
             if not plan.take:
@@ -98,8 +95,9 @@ class Cascade(Strategy):
                 chain.append(kept)
             last = chain[-1]
         if chain:
-            for tok in self.drafter.chain(st, tree.context(chain[-1]), self.k_mag):   # raw MaG tier, unreviewed
-                chain.append(tree.add(chain[-1], int(tok), source=self.drafter.tag))
+            tag, raw = first_chain(self.drafters, st, tree.context(chain[-1]), self.k_mag)
+            for tok in raw:                          # raw MaG tier, unreviewed
+                chain.append(tree.add(chain[-1], int(tok), source=tag))
                 value[chain[-1]] = 0.0               # verified, so counted; no probability to value it by
         return tree.proposal([0] + chain, values=joined(value), stage2_proposed=tree.reviewed,
                              stage2_accepted=tree.review_kept)

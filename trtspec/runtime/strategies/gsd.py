@@ -88,7 +88,7 @@ class GSD(Strategy):
         return False
 
     def propose(self, st: DecodeState) -> Calls:
-        budget, values = st.budget, st.values
+        budget = st.budget
         tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
         path_p = {0: 1.0}                       # each node's value: its (calibrated) path probability
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
@@ -104,10 +104,9 @@ class GSD(Strategy):
                 yield from tree.feed(frontier)
             new = []
             for node in frontier:
-                probs, toks = tree.top[node]       # read with the forward that fed it
-                values.saw_top1(probs[0])
-                for prob, tok in zip(probs, toks):
-                    if prob < self.sibling_ratio * probs[0] or tree.size >= self.max_draft_nodes:
+                kids = tree.candidates(node, path_p[node])      # read with the forward that fed it
+                for v, tok, prob in kids:
+                    if prob < self.sibling_ratio * kids[0][2] or tree.size >= self.max_draft_nodes:
                         continue
                     m = self._match(tree, node, tok, merged)
                     if m >= 0:
@@ -115,7 +114,7 @@ class GSD(Strategy):
                         merges += 1
                         continue
                     child = tree.add(node, tok)
-                    path_p[child] = values.child(path_p[node], prob)
+                    path_p[child] = v
                     confident[child] = confident[node] and prob >= self.confidence
                     new.append(child)
             if not any(confident[c] for c in new):

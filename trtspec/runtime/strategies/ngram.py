@@ -1,5 +1,6 @@
 """ngram: chain decoding whose drafts come from a free drafter (no draft model, ~µs drafts): the n-gram
-drafter's copy by default, any drafter's chain with `drafter: NAME` (drafters/)."""
+drafter's copy by default, any drafter's chain with `drafter: NAME` (drafters/), or with a list the
+first of their chains that is not empty."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -7,8 +8,9 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from ...options import DrafterName, TreeSize
+from ...options import Drafters, TreeSize
 from ..decode import DecodeState
+from ..drafters import first_chain
 from ..proposal import Proposal
 from ..runner import Calls
 from ..tree import TokenTree
@@ -20,17 +22,14 @@ class NGramSpeculative(Strategy):
     name = "ngram"
 
     def __init__(self, k: TreeSize = 8, min_ngram: Annotated[int, Field(ge=1, le=32)] = 1,
-                 drafter: DrafterName = "ngram"):
+                 drafter: Drafters = "ngram"):
         self.k = self.nodes = k
         # min_ngram > 1 drafts only on longer matches: where verifying extra tokens is not free
         # (a CPU step over T tokens costs more than one over 1), junk drafts cost real time.
-        opts = {"min_ngram": min_ngram} if drafter == "ngram" else {}
-        self.drafter = self.cheap_drafter(drafter, **opts)
+        self.cheap_drafters(self.drafter_choice(drafter, False), only={"ngram": {"min_ngram": min_ngram}})
 
     def propose(self, st: DecodeState) -> Calls:
-        tree = TokenTree.chain(st.root, self.drafter.chain(st, st.tokens(), self.k))
-        return Proposal(tree, source=np.full(len(tree), self.drafter.tag, dtype=np.int64))
+        tag, chain = first_chain(self.drafters, st, st.tokens(), self.k)
+        tree = TokenTree.chain(st.root, chain)
+        return Proposal(tree, source=np.full(len(tree), tag, dtype=np.int64))
         yield                                       # noqa: unreachable: a coroutine with no model call
-
-    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        self.drafter.finished(st, prompt, output)

@@ -6,18 +6,21 @@ node budget. Each round adds the `width` best candidates and feeds them to the d
 forward (the draft runs only on internal nodes: the last round's leaves are never fed).
 Stage 2, speeding up the draft itself: in the same forward, a cheap drafter proposes a chain after
 the round's best node and the draft reviews it (kept while it equals the draft's argmax), so one
-draft forward can advance several levels. The cheap drafter is `drafter` (drafters/: the default
-`ngram`, CS Drafting's MaG; `suffix`, the request's suffix tries; `suffix: true` is `drafter: suffix`).
+draft forward can advance several levels. The cheap drafters are `drafter` (drafters/: the default
+`ngram`, CS Drafting's MaG; `suffix`, the request's suffix tries; `suffix: true` is `drafter: suffix`;
+a list, e.g. `[suffix, ngram]`: the chain is the first one's that is not empty).
 A scored drafter's candidates (`suffix`, drafters/suffix.py) also grow from the root: they compete
-in the same best-first heap as the draft's, each valued by its own calibrated score;
-they cost no forward to find, so a round may take a whole chain of them (only the draft's candidates
-are limited to `width`), and a picked one is fed like any other node, so the draft extends the
-tree where the drafter's match runs out. Once such a candidate's parent is fed, the draft's view
-counts too: a token outside the parent's top-k is worth at most the k-th probability there.
+in the same best-first heap as the draft's, each valued by its own calibrated score. The heap holds
+every source's candidates alike, `(-value, order, source, key)`: the draft's children
+(`DraftChildren`: finding them costs a forward, so a round takes at most `width`) and each scored
+drafter's (`Offered`: they cost no forward, so a round may take a whole chain of them). A picked
+one is fed like any other node, so the draft extends the tree where a drafter's match runs out.
+Once such a candidate's parent is fed, the draft's view counts too: a token outside the parent's
+top-k is worth at most the k-th probability there.
 Before any draft forward the budget decides whether one pays at all: where the
-drafter's candidates alone make the better step (a repetitive stretch), the step is a tree of them
-alone and the draft catches up later; where the gate finds no draft forward worth it (a crowded
-batch), that tree is still proposed (`free`).
+drafters' candidates alone make the better step (a repetitive stretch), the step is a tree of them
+alone (merged, drafters/base.py) and the draft catches up later; where the gate finds no draft
+forward worth it (a crowded batch), that tree is still proposed (`free`).
 Children are deterministic (top tokens, copies), so sampling verification uses the exact q = one-hot
 rule. With `budget: auto` (the default) the budget (budget/auto.py) is asked once per round: how many
 of the best candidates pay for their verify cost, whether the draft forward that feeds them (with
@@ -33,11 +36,12 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field
 
-from ...options import Budget, DrafterName, Fraction, TreeSize
+from ...options import Budget, Drafters, Fraction, TreeSize
 from ..budget import Plan, Round, Values, joined
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
-from ..proposal import Proposal
+from ..drafters import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
+from ..proposal import DRAFT, Proposal
 from ..runner import Calls
 from .base import Strategy
 
@@ -57,22 +61,19 @@ class Staged(Strategy):
 
     def __init__(self, budget: Budget = "auto", max_budget: TreeSize = 32, width: Small = 6, top_k: Small = 4,
                  max_rounds: Small = 8, stage2: bool = True, stage2_len: Annotated[int, Field(ge=0, le=64)] = 6,
-                 min_prob: Fraction = 0.01, drafter: DrafterName = "ngram", suffix: bool = False,
+                 min_prob: Fraction = 0.01, drafter: Drafters = "ngram", suffix: bool = False,
                  scope: Annotated[str, Field(max_length=128)] = "default"):
         self.budget, self.max_budget, self.width, self.top_k = budget, max_budget, width, top_k
         self.max_rounds = max_rounds
         self.stage2, self.stage2_len, self.min_prob = stage2, stage2_len, min_prob
         self.sized(budget, max_budget)
         self.scope = scope
-        self.drafter = self.cheap_drafter(self.drafter_choice(drafter, suffix), scope=scope)
+        self.scored = [d for d in self.cheap_drafters(self.drafter_choice(drafter, suffix), scope=scope) if d.scored]
 
     def free(self, st: DecodeState) -> Proposal:
-        if not self.drafter.scored:
+        if not self.scored:
             return Proposal.root(st.root)
-        return self.drafter.alone(st, self.nodes)
-
-    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        self.drafter.finished(st, prompt, output)
+        return together(st, self.scored, self.nodes)
 
     def max_tree_size(self) -> int:
         return self.nodes + (self.max_rounds * self.stage2_len if self.stage2 else 0) + 1
@@ -80,43 +81,31 @@ class Staged(Strategy):
     def max_draft_rows(self) -> int:
         return self.max_tree_size() - 1        # fed nodes + reviewed stage-2 tokens
 
-    def _push(self, heap: list, order, tree: DraftTree, node: int, value: float, values: Values) -> None:
-        """Candidate children of a fed node, keyed by value (max-heap via -value): the cumulative
-        draft probability, or with budget auto the calibrated probability of acceptance."""
-        probs, toks = tree.top[node]               # read with the forward that fed it
-        have = set(tree.tokens[tree.children(node)].tolist())
-        values.saw_top1(probs[0])
-        for prob, tok in zip(probs, toks):
-            v = values.child(value, prob)
-            if tok not in have and v >= self.min_prob:
-                heapq.heappush(heap, (-v, next(order), node, tok, None))
-
     def propose(self, st: DecodeState) -> Calls:
         budget, values = st.budget, st.values
-        matched, sfx = self.drafter.candidates(st, self.nodes)
+        offered = offers(st, self.scored, self.nodes)
+        sfx, tags = merged(offered, self.nodes)
         if sfx and not budget.plan(Round(known=[c.value for c in sfx], feed=_draft_frontier(sfx), rows=2,
                                          ahead=self.max_rounds)).feed:
-            return self.drafter.tree(st, matched, sfx)       # no draft forward pays: the drafter's alone
-        if matched < MIX_MATCH:
-            sfx = []                                         # the draft's tree: no short-match guesses in it
+            return as_tree(st, sfx, tags, offer_stats(offered))   # no draft forward pays: the drafters' alone
         tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
         order = itertools.count()                  # heap ties: the earlier candidate first
         value = {0: 1.0}                           # each node's value, in the order it joined (the root first)
-        heap: list = []
-        self._push(heap, order, tree, 0, 1.0, values)
-        for i, c in enumerate(sfx):                # parents first, never valued above them: popped first
-            heapq.heappush(heap, (-c.value, next(order), None, c.token, i))
-        at = [0] * len(sfx)                        # the tree node each popped suffix candidate became
-        cur = [c.value for c in sfx]               # each one's value now (the draft may have lowered it)
+        heap: list = []                            # (-value, order, source, key): the candidates of every source
+        draft = DraftChildren(self.min_prob)
+        draft.push(heap, order, tree, 0, 1.0)
+        for d, matched, cands in offered:          # the draft's tree: no short-match guesses in it
+            if matched >= MIX_MATCH:
+                Offered(d, cands, self.min_prob).push(heap, order)
         added = 0
         for rnd in range(self.max_rounds):
             last = rnd == self.max_rounds - 1                       # its nodes are leaves: never fed
-            head = _head(heap, sfx, at)                             # where this round's stage 2 will start
+            head = heap[0][2].place(heap[0][3]) if heap else None   # where this round's stage 2 will start
             guess = [] if last or head is None else self._stage2(st, tree, *head)
             plan = budget.plan(Round(joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1],
                                      width=self.width, ahead=self.max_rounds - rnd - 1,
                                      then=None if last else len(guess), bar_ahead=0))
-            new = self._pick(heap, order, tree, min(plan.take, self.nodes - added), values, value, (sfx, at, cur))
+            new = self._pick(heap, order, tree, min(plan.take, self.nodes - added), values, value)
             if not new:
                 break
             added += len(new)
@@ -127,84 +116,50 @@ class Staged(Strategy):
             chains = {new[0]: chain} if chain else {}
             for node in (yield from tree.feed(new, chains)):
                 if node in value or self._keep_reviewed(st, tree, node, value, plan):
-                    self._push(heap, order, tree, node, value[node], values)
+                    draft.push(heap, order, tree, node, value[node])
         return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
-                             **self.drafter.stats(matched))
+                             **offer_stats(offered))
 
-    def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict,
-              suffix: tuple) -> list[int]:
-        """The best candidates off the heap, added to the tree (new node ids): up to `room` of them,
-        at most `width` drafted by the model (suffix candidates cost no forward to find, so a suffix
-        chain can join in one round and be fed at once). A draft candidate whose token is already
-        under its parent is skipped; a suffix one then stands for that node. A suffix candidate is
-        valued again as it comes off the heap (`_suffix_value`); if that is lower, it goes back."""
-        sfx, at, cur = suffix
+    def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict) -> list[int]:
+        """The best candidates off the heap, added to the tree (new node ids): up to `room` of them, at
+        most `width` of those that cost a forward to find (the draft's; a drafter's candidates cost
+        none, so its chain can join in one round and be fed at once). A candidate whose token is
+        already under its parent is skipped (a drafter's then stands for that node). A drafter's
+        candidate is valued again as it comes off the heap (`Offered.settle`): if that is lower, it
+        goes back."""
         new: list[int] = []
-        held: list = []                            # draft candidates past `width` this round
+        held: list = []                            # the draft's candidates past `width` this round
         drafted = 0
         while heap and len(new) < room:
             item = heapq.heappop(heap)
-            neg, _, parent, tok, cand = item
-            if cand is None and drafted >= self.width:
+            neg, _, src, key = item
+            if src.forward and drafted >= self.width:
                 held.append(item)
                 continue
-            if cand is not None:
-                v = self._suffix_value(tree, values, value, suffix, cand)
-                if v < -neg or (sfx[cand].parent >= 0 and not at[sfx[cand].parent]):
-                    v = min(v, -neg)
-                    cur[cand] = v if v >= self.min_prob else 0.0        # dropped: its subtree goes too
-                    if v >= self.min_prob:
-                        heapq.heappush(heap, (-v, next(order), None, tok, cand))   # after its parent
-                    continue
-                parent = 0 if sfx[cand].parent < 0 else at[sfx[cand].parent]
+            if not src.settle(key, -neg, tree, values, value, heap, order):
+                continue                           # valued lower: back on the heap, or dropped
+            parent, tok = src.place(key)
             have = tree.children(parent)
             same = have[tree.tokens[have] == tok]
             if len(same):
-                if cand is not None:
-                    at[cand] = int(same[0])
+                src.joined(key, int(same[0]))
                 continue
-            if cand is None:
-                node = tree.add(parent, tok)
-            else:
-                node = tree.add(parent, tok, score=sfx[cand].prob, source=self.drafter.tag)
-            if cand is not None:
-                at[cand] = node
-            else:
-                drafted += 1
+            node = tree.add(parent, tok, score=src.score(key), source=src.tag)
+            src.joined(key, node)
+            drafted += src.forward
             value[node] = -neg
             new.append(node)
         for item in held:
             heapq.heappush(heap, item)
         return new
 
-    @staticmethod
-    def _suffix_value(tree: DraftTree, values: Values, value: dict, suffix: tuple, cand: int) -> float:
-        """A suffix candidate's value now: its score's chain under its parent's value now (the parent's
-        node may be the draft's, or lowered), and at most what the draft allows once its parent is
-        fed: a token outside the parent's top-k has at most the k-th probability there (the draft
-        seldom misses what the target will say: on HumanEval 15 of 531 suffix nodes were accepted
-        when they were valued by their scores alone)."""
-        sfx, at, cur = suffix
-        c = sfx[cand]
-        if c.parent < 0:
-            node, v = 0, c.value
-        elif not at[c.parent]:                      # its parent is not in the tree (yet): below it
-            return cur[c.parent] * c.value / sfx[c.parent].value
-        else:
-            node = at[c.parent]
-            v = value[node] * c.value / sfx[c.parent].value
-        top = tree.top.get(node)
-        if top is not None and c.token not in top[1]:
-            v = min(v, values.child(value[node], min(top[0])))
-        return v
-
     def _stage2(self, st: DecodeState, tree: DraftTree, parent: int, token: int) -> list[int]:
-        """Stage 2: the cheap drafter's chain after a node (`token` under `parent`: the round's most likely
+        """Stage 2: the cheap drafters' chain after a node (`token` under `parent`: the round's most likely
         one), for the draft to review in the same forward. Asked before the round's plan (its rows
         are the forward's), for the best candidate."""
         if not self.stage2:
             return []
-        return self.drafter.chain(st, np.append(tree.context(parent), token), self.stage2_len)
+        return first_chain(self.drafters, st, np.append(tree.context(parent), token), self.stage2_len)[1]
 
     @staticmethod
     def _keep_reviewed(st: DecodeState, tree: DraftTree, node: int, value: dict, plan: Plan) -> bool:
@@ -221,15 +176,93 @@ class Staged(Strategy):
         return True
 
 
-def _head(heap: list, sfx: list, at: list) -> tuple[int, int] | None:
-    """(parent node, token) of the heap's best candidate: where the round's stage-2 chain will start if
-    it is taken first (a suffix candidate's parent may not have joined yet: then the root's)."""
-    if not heap:
-        return None
-    _, _, parent, tok, cand = heap[0]
-    if cand is not None:
-        parent = 0 if sfx[cand].parent < 0 else at[sfx[cand].parent]
-    return int(parent), int(tok)
+class DraftChildren:
+    """The draft model's candidates in the heap: the top-k children of each fed node (key: (parent
+    node, token)), valued once, when their parent is fed; finding them costs a draft forward."""
+    tag, forward = DRAFT, True
+
+    def __init__(self, min_prob: float):
+        self.min_prob = min_prob
+
+    def push(self, heap: list, order, tree: DraftTree, node: int, value: float) -> None:
+        """Candidate children of a fed node (`tree.candidates`), keyed by value (max-heap via -value):
+        the cumulative draft probability, or with budget auto the calibrated probability of acceptance."""
+        have = set(tree.tokens[tree.children(node)].tolist())
+        for v, tok, _ in tree.candidates(node, value):
+            if tok not in have and v >= self.min_prob:
+                heapq.heappush(heap, (-v, next(order), self, (node, tok)))
+
+    def place(self, key: tuple[int, int]) -> tuple[int, int]:
+        return int(key[0]), int(key[1])
+
+    def settle(self, *_) -> bool:
+        return True
+
+    def joined(self, key, node: int) -> None:
+        pass
+
+    def score(self, key) -> float:
+        return np.nan
+
+
+class Offered:
+    """A scored drafter's candidates in the heap (key: the candidate's index; parents first, never
+    valued above them, so popped first). They cost no forward; each is valued again as it comes off
+    the heap (`settle`), as its parent's node stands then and as the draft sees it once that node is
+    fed, and joins under its parent's node."""
+    forward = False
+
+    def __init__(self, drafter: Drafter, cands: list[Candidate], min_prob: float):
+        self.tag, self.cands, self.min_prob = drafter.tag, cands, min_prob
+        self.at = [0] * len(cands)                 # the tree node each popped candidate became
+        self.cur = [c.value for c in cands]        # each one's value now (the draft may have lowered it)
+
+    def push(self, heap: list, order) -> None:
+        for i, c in enumerate(self.cands):
+            heapq.heappush(heap, (-c.value, next(order), self, i))
+
+    def place(self, i: int) -> tuple[int, int]:
+        """(parent node, token): under the root while its parent candidate has not joined."""
+        c = self.cands[i]
+        return (0 if c.parent < 0 else self.at[c.parent]), c.token
+
+    def joined(self, i: int, node: int) -> None:
+        self.at[i] = node
+
+    def score(self, i: int) -> float:
+        return self.cands[i].prob
+
+    def settle(self, i: int, v0: float, tree: DraftTree, values: Values, value: dict, heap: list, order) -> bool:
+        """True if candidate `i` still has its heap value `v0` and its parent has joined; else it goes
+        back on the heap with its value now (after its parent), or is dropped below `min_prob`."""
+        c = self.cands[i]
+        v = self._value(tree, values, value, i)
+        if not (v < v0 or (c.parent >= 0 and not self.at[c.parent])):
+            return True
+        v = min(v, v0)
+        self.cur[i] = v if v >= self.min_prob else 0.0        # dropped: its subtree goes too
+        if v >= self.min_prob:
+            heapq.heappush(heap, (-v, next(order), self, i))
+        return False
+
+    def _value(self, tree: DraftTree, values: Values, value: dict, i: int) -> float:
+        """Its value now: its score's chain under its parent's value now (the parent's node may be the
+        draft's, or lowered), and at most what the draft allows once its parent is fed: a token
+        outside the parent's top-k has at most the k-th probability there (the draft seldom misses
+        what the target will say: on HumanEval 15 of 531 suffix nodes were accepted when they were
+        valued by their scores alone)."""
+        c, cands = self.cands[i], self.cands
+        if c.parent < 0:
+            node, v = 0, c.value
+        elif not self.at[c.parent]:                 # its parent is not in the tree (yet): below it
+            return self.cur[c.parent] * c.value / cands[c.parent].value
+        else:
+            node = self.at[c.parent]
+            v = value[node] * c.value / cands[c.parent].value
+        top = tree.top.get(node)
+        if top is not None and c.token not in top[1]:
+            v = min(v, values.child(value[node], min(top[0])))
+        return v
 
 
 def _draft_frontier(sfx: list) -> list[float]:

@@ -34,6 +34,7 @@ class SuffixSpeculative(Strategy):
                  global_nodes: Annotated[int, Field(ge=1000, le=50_000_000)] = 500_000):
         self.budget, self.max_budget, self.scope = budget, max_budget, scope
         self.drafter = SuffixDrafter(scope, width, min_prob, depth, max_match, prompts, global_nodes)
+        self.drafters = [self.drafter]
         self.sized(budget, max_budget)
 
     def propose(self, st: DecodeState) -> Calls:
@@ -43,6 +44,3 @@ class SuffixSpeculative(Strategy):
     def free(self, st: DecodeState) -> Proposal:
         """Every step, drafting or not by the ar gate: the tree costs no model call."""
         return self.drafter.alone(st, self.nodes)
-
-    def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
-        self.drafter.finished(st, prompt, output)
