@@ -82,8 +82,8 @@ def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeyp
     monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path))
     calls = []
 
-    def fake_export(spec, dtype, exact, opset):
-        calls.append((spec.num_layers, dtype, exact))
+    def fake_export(spec, dtype, exact, opset, hidden=False):
+        calls.append((spec.num_layers, dtype, exact, hidden))
         x = helper.make_tensor_value_info("x", 1, [1])
         return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
                                                    [helper.make_tensor_value_info("y", 1, [1])])), \
@@ -94,10 +94,11 @@ def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeyp
     assert export_graph(spec, torch.float32) == first and len(calls) == 1
     export_graph(spec, torch.float32, exact=True)
     export_graph(tiny_spec(arch="llama", num_layers=3), torch.float32)
-    assert len(calls) == 3
+    export_graph(spec, torch.float32, hidden=True)                # the hidden rows: another entry
+    assert len(calls) == 4 and calls[-1][-1] is True
     for e in (tmp_path / "graphs").glob("*.onnx"):
         e.write_bytes(b"not a graph")
-    assert export_graph(spec, torch.float32) == first and len(calls) == 4
+    assert export_graph(spec, torch.float32) == first and len(calls) == 5
     assert not list((tmp_path / "graphs").glob("*.tmp"))        # nothing half-written left
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from ..export.model import Decoder
+from ..export.spec import SpecError
 from ..runtime.kv_cache import KVCache
 from .staging import StagedBucket
 from .torch_engine import TorchEngine
@@ -31,6 +32,9 @@ class GraphedTorchEngine(TorchEngine):
     logits_in_own_buffer = True
 
     def __init__(self, model: Decoder, device: str = "cuda", warmup: int = 2):
+        if model.hidden_rows:
+            raise SpecError("a model that returns hidden rows does not run on CUDA graphs yet; use the torch "
+                            "engine without them")
         super().__init__(model, device)
         self.warmup = warmup
         self.graphs: dict[tuple, StagedBucket] = {}

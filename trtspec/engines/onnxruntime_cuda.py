@@ -16,7 +16,7 @@ import onnx
 import torch
 
 from ..export.contract import io_names
-from ..export.spec import ModelSpec
+from ..export.spec import ModelSpec, SpecError
 from ..runtime.engine import Engine
 from ..runtime.kv_cache import KVCache
 from .staging import StagedBucket, after_inputs
@@ -36,6 +36,9 @@ class OrtCudaGraphEngine(Engine):
         self.ort, self.spec, self.kv_dtype, self.device, self.device_id = ort, spec, kv_dtype, "cuda", device_id
         providers = [("CUDAExecutionProvider", {"device_id": device_id, "enable_cuda_graph": "1"})]
         self.session = ort.InferenceSession(str(onnx_path), providers=providers)
+        if [o.name for o in self.session.get_outputs()][-1:] == ["hidden"]:
+            raise SpecError(f"{onnx_path} returns hidden rows, which the CUDA engine does not bind yet; run it "
+                            "with the onnxruntime (CPU) or torch backend")
         self.in_names, self.out_names = io_names(spec.num_layers, spec.num_kv_heads)
         self.buckets: dict[tuple, tuple[StagedBucket, object, object]] = {}
 

@@ -58,19 +58,21 @@ class OrtEngine(Engine):
         if profile_prefix:              # ORT's own profiler: one JSON trace of every node (stepcost --profile)
             so.enable_profiling, so.profile_file_prefix = True, profile_prefix
         self.session = ort.InferenceSession(str(onnx_path), so, providers=self.providers)
-        self.in_names, self.out_names = io_names(spec.num_layers, spec.num_kv_heads)
         got = [i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()]
+        self.hidden_rows = got[1][-1:] == ["hidden"]    # the graph also returns the rows its LM head read
+        self.in_names, self.out_names = io_names(spec.num_layers, spec.num_kv_heads, self.hidden_rows)
         if got != (self.in_names, self.out_names):
             raise SpecError(f"{onnx_path} does not have the step interface of a {spec.num_layers}-layer model")
         self.io = self.session.io_binding()
         self._logits = torch.empty(max_logit_rows * spec.vocab_size, dtype=torch.float32, device=self.device)
+        self._hidden = torch.empty(max_logit_rows * spec.hidden_size if self.hidden_rows else 0, device=self.device)
         self.staging = BatchStaging(spec, self.kv_dtype, self.device)
 
     def close(self) -> None:
         # The binding holds the session; the session owns ORT's intra-op thread pool, whose threads
         # are joined when it is released: here, in the order Generator.close() chooses, not in
         # whatever order interpreter teardown reaches them (docs/ARCHITECTURE.md, process lifecycle).
-        self.io = self.session = self.staging = self._logits = None
+        self.io = self.session = self.staging = self._logits = self._hidden = self.hidden = None
 
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), r = input_ids.shape, logit_rows.shape[1]
@@ -122,8 +124,19 @@ class OrtEngine(Engine):
                 io.bind_input(self.in_names[4 + i], dev, idx, elem, (b, c, d), past[i].data_ptr())
                 io.bind_output(self.out_names[1 + i], dev, idx, elem, (b, t, d), new[i].data_ptr())
         io.bind_output("logits", dev, idx, onnx.TensorProto.FLOAT, tuple(logits.shape), logits.data_ptr())
+        if self.hidden_rows:
+            self.hidden = self._bind_hidden(b, r, dev, idx)
 
         self.session.run_with_iobinding(io)
         if b > 1:
             self.staging.scatter(caches, new)
         return logits
+
+    def _bind_hidden(self, b: int, r: int, dev: str, idx: int) -> torch.Tensor:
+        """The hidden rows' output, bound into one engine-owned buffer (grown to a new maximum once)."""
+        n = b * r * self.spec.hidden_size
+        if n > self._hidden.numel():
+            self._hidden = torch.empty(n, dtype=torch.float32, device=self.device)
+        hidden = self._hidden[:n].view(b, r, self.spec.hidden_size)
+        self.io.bind_output("hidden", dev, idx, onnx.TensorProto.FLOAT, tuple(hidden.shape), hidden.data_ptr())
+        return hidden

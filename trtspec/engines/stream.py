@@ -71,16 +71,17 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
 
 
 def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
-                 opset: int = 18) -> tuple[onnx.ModelProto, dict[str, Ref]]:
-    """The step graph of `spec` in `dtype` (fp64 attention when `exact`), weightless: every weight is
-    a placeholder initializer named in `refs`; from the graph cache when it holds it."""
-    path = _cached_graph(spec, dtype, exact, opset)
+                 opset: int = 18, hidden: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+    """The step graph of `spec` in `dtype` (fp64 attention when `exact`; the hidden rows too with
+    `hidden`, export/contract.py), weightless: every weight is a placeholder initializer named in
+    `refs`; from the graph cache when it holds it."""
+    path = _cached_graph(spec, dtype, exact, opset, hidden)
     try:
         refs = {k: Ref(r[0], r[1], tuple(r[2]), r[3]) for k, r in json.loads(path.with_suffix(".json").read_text()).items()}
         return onnx.load(str(path)), refs
     except Exception:                                 # noqa: BLE001 - not cached (or unreadable): export it
         pass
-    graph, refs = _export_graph(spec, dtype, exact, opset)
+    graph, refs = _export_graph(spec, dtype, exact, opset, hidden)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, graph.SerializeToString())
@@ -90,32 +91,35 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
     return graph, refs
 
 
-def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) -> Path:
+def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int, hidden: bool = False) -> Path:
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
     import onnxscript
 
     from ..export import contract, model, onnx_export
     h = hashlib.sha256(json.dumps([spec.to_dict(), str(dtype), exact, opset, torch.__version__,
-                                   onnxscript.__version__, onnx.__version__], sort_keys=True, default=str).encode())
+                                   onnxscript.__version__, onnx.__version__] + ([True] if hidden else []),
+                                  sort_keys=True, default=str).encode())
     for module in (contract, model, onnx_export, sys.modules[__name__]):
         h.update(Path(module.__file__).read_bytes())
     return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
 
 
-def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int,
+                  hidden: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
 
     from ..export.onnx_export import _quiet_exporter, _sample_inputs, _Step, fix_interface
 
     model = _fake_decoder(spec, dtype, exact)
+    model.hidden_rows = hidden
     step, args = _Step(model), _sample_inputs(model)
     n_past, Dim = len(args) - 4, torch.export.Dim
     batch, new, past, rows = Dim("batch"), Dim("new_tokens"), Dim("past_len", min=0), Dim("logit_rows")
     shapes = {"input_ids": {0: batch, 1: new}, "position_ids": {0: batch, 1: new},
               "attn_mask": {0: batch, 1: new, 2: Dim.AUTO},
               "logit_rows": {0: batch, 1: rows}, "past": tuple({0: batch, 1: past} for _ in range(n_past))}
-    inputs, outputs = io_names(spec.num_layers, spec.num_kv_heads)
+    inputs, outputs = io_names(spec.num_layers, spec.num_kv_heads, hidden)
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                     input_names=inputs, output_names=outputs, verbose=False, optimize=False)
@@ -128,7 +132,7 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int) 
         import onnx_ir as ir
         proto = ir.serde.serialize_model(program.model)   # value-less initializers are left out
     del program
-    return fix_interface(proto, spec, model.kv_dtype), _placeholders(proto, weights, spec)
+    return fix_interface(proto, spec, model.kv_dtype, hidden), _placeholders(proto, weights, spec)
 
 
 def _key(name: str, spec: ModelSpec) -> str:
@@ -387,12 +391,14 @@ def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int) -> tuple
 
 def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, opset: int = 18,
                 quantize: str = "none", accuracy_level: int = 1, desc: str | None = None,
-                exported: tuple[bytes, dict[str, Ref]] | None = None, head: np.ndarray | None = None) -> dict:
-    """export_graph + write_graph: `weights` (engines/weights.py) as a step graph at `path`, with a
-    progress bar per tensor when `desc` is given; `exported`: export_graph_bytes' answer for it."""
+                exported: tuple[bytes, dict[str, Ref]] | None = None, head: np.ndarray | None = None,
+                hidden: bool = False) -> dict:
+    """export_graph + write_graph: `weights` (engines/weights.py) as a step graph at `path` (with the
+    hidden rows when `hidden`), with a progress bar per tensor when `desc` is given; `exported`:
+    export_graph_bytes' answer for it."""
     from tqdm import tqdm
     if exported is None:
-        graph, refs = export_graph(weights.spec, dtype, exact, opset)
+        graph, refs = export_graph(weights.spec, dtype, exact, opset, hidden)
     else:
         graph, refs = onnx.ModelProto.FromString(exported[0]), exported[1]
     with tqdm(total=len(refs) + (head is not None), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:

@@ -17,6 +17,7 @@ class TorchEngine(Engine):
         self.kv_dtype = model.kv_dtype     # the weights' (int8 drafts keep float embeddings), or exact attention's
         self.device = device
         self.staging = BatchStaging(self.spec, self.kv_dtype, device)
+        self.hidden_rows = model.hidden_rows          # the model also returns the rows its LM head read
 
     @torch.inference_mode()
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
@@ -27,7 +28,8 @@ class TorchEngine(Engine):
             past = [p.unsqueeze(0) for p in caches[0].past(c)]
         else:
             past = list(self.staging.past(caches, c))
-        logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
+        logits, new_kv, *hidden = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
+        self.hidden = hidden[0] if hidden else None
         for i, cache in enumerate(caches):
             for dst, src in zip(cache.slots(t), new_kv):
                 dst.copy_(src[i])

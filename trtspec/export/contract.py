@@ -6,6 +6,13 @@ layer *and KV head*, `[B, C, D]`, so a slot's rows of one head are one contiguou
 `[.., Hkv, S, D]` pool and attention reads them without transposing the past (version 2 took one
 `[B, C, Hkv, D]` tensor per layer, which the graph transposed every step).
 
+Hidden rows (`hidden`, [B, R, hidden_size] float32, after every KV output): the last layer's rows
+that the LM head reads (after the final norm), for the same `logit_rows`: what a drafting head
+(EAGLE, Medusa, MTP) reads from the target. Off by default (`Decoder.hidden_rows`); a graph
+exported with them is the coming version 4. The ONNX Runtime (CPU) and torch engines bind them
+(`Engine.hidden`); ONNX Runtime's CUDA engine and the CUDA-graph torch engine refuse one; no build
+asks for them yet (so no TensorRT plan is made from one). v3 graphs are unchanged by it.
+
 GRAPH_REVISION numbers changes inside the graph that keep its I/O (engine folders of an older
 revision still run, more slowly): 2 = attention reads each layer's past where it lies (revision 1
 concatenated the past with the new rows, a copy of the whole past per layer per step).
@@ -18,15 +25,15 @@ CONTRACT_VERSION = 3
 GRAPH_REVISION = 2
 
 
-def io_names(num_layers: int, num_kv_heads: int) -> tuple[list[str], list[str]]:
+def io_names(num_layers: int, num_kv_heads: int, hidden: bool = False) -> tuple[list[str], list[str]]:
     """(input names, output names) in graph order; KV ordered (layer, key/value, head) like
-    `Decoder`'s lists and a slot's `[L, 2, Hkv]` blocks."""
+    `Decoder`'s lists and a slot's `[L, 2, Hkv]` blocks; `hidden`: the hidden rows last."""
     kv = [f"{kind}.{i}.{h}" for i in range(num_layers) for kind in ("key", "value") for h in range(num_kv_heads)]
     past, new = [f"past_{n}" for n in kv], [f"new_{n}" for n in kv]
-    return ["input_ids", "position_ids", "attn_mask", "logit_rows", *past], ["logits", *new]
+    return ["input_ids", "position_ids", "attn_mask", "logit_rows", *past], ["logits", *new, *(["hidden"] * hidden)]
 
 
-def io_spec(spec: ModelSpec, dtype: str) -> dict[str, list[dict]]:
+def io_spec(spec: ModelSpec, dtype: str, hidden: bool = False) -> dict[str, list[dict]]:
     inputs = [
         {"name": "input_ids", "dtype": "int64", "shape": ["batch", "new_tokens"]},
         {"name": "position_ids", "dtype": "int64", "shape": ["batch", "new_tokens"]},
@@ -37,4 +44,6 @@ def io_spec(spec: ModelSpec, dtype: str) -> dict[str, list[dict]]:
     past, new = io_names(spec.num_layers, spec.num_kv_heads)
     inputs += [{"name": n, "dtype": dtype, "shape": ["batch", "past_len", spec.head_dim]} for n in past[4:]]
     outputs += [{"name": n, "dtype": dtype, "shape": ["batch", "new_tokens", spec.head_dim]} for n in new[1:]]
+    if hidden:
+        outputs.append({"name": "hidden", "dtype": "float32", "shape": ["batch", "logit_rows", spec.hidden_size]})
     return {"inputs": inputs, "outputs": outputs}

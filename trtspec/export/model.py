@@ -2,6 +2,7 @@
 
     forward(input_ids[B, T], position_ids[B, T], attn_mask[B, T, C+T], logit_rows[B, R],
             past[2L*Hkv x (B, C, D)]) -> logits[B, R, V] (float32), new_kv[2L*Hkv x (B, T, D)]
+                                         (, hidden[B, R, hidden] (float32) with `hidden_rows`)
 
 (KV lists ordered layer, key/value, KV head: one tensor per head, contract v3.)
 
@@ -142,6 +143,9 @@ class Backbone(nn.Module):
 
 class Decoder(nn.Module):
     """The step contract as a torch module (see the module docstring)."""
+    # Also return the rows the LM head reads (after the final norm): the hidden rows a drafting head
+    # reads (export/contract.py). Off by default: the step contract's outputs stay logits and KV.
+    hidden_rows = False
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -186,6 +190,8 @@ class Decoder(nn.Module):
             new_kv += [*k, *v]
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
         x = self.model.norm(torch.gather(x, 1, rows))
+        if self.hidden_rows:
+            return self.lm_head(x).float(), new_kv, x.float()
         return self.lm_head(x).float(), new_kv
 
     @classmethod

@@ -49,8 +49,8 @@ class _Step(nn.Module):
         self.model = model
 
     def forward(self, input_ids, position_ids, attn_mask, logit_rows, *past):
-        logits, new_kv = self.model(input_ids, position_ids, attn_mask, logit_rows, list(past))
-        return (logits, *new_kv)
+        logits, new_kv, *hidden = self.model(input_ids, position_ids, attn_mask, logit_rows, list(past))
+        return (logits, *new_kv, *hidden)                  # hidden: with the model's `hidden_rows`
 
 
 def _sample_inputs(model: Decoder):
@@ -70,19 +70,20 @@ def _export_dynamo(step: _Step, args, path: Path, opset: int, external: bool) ->
               # past_len + new_tokens is not expressible as a derived Dim; AUTO lets export find it.
               "attn_mask": {0: batch, 1: new, 2: Dim.AUTO},
               "logit_rows": {0: batch, 1: rows}, "past": tuple({0: batch, 1: past} for _ in range(n_past))}
-    inputs, outputs = io_names(s.num_layers, s.num_kv_heads)
+    inputs, outputs = io_names(s.num_layers, s.num_kv_heads, step.model.hidden_rows)
     program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                 input_names=inputs, output_names=outputs, verbose=False)
     program.save(str(path), external_data=external)
 
 
 def _export_torchscript(step: _Step, args, path: Path, opset: int, external: bool) -> None:
-    inputs, outputs = io_names(step.model.spec.num_layers, step.model.spec.num_kv_heads)
+    inputs, outputs = io_names(step.model.spec.num_layers, step.model.spec.num_kv_heads, step.model.hidden_rows)
     axes = {"input_ids": {0: "batch", 1: "new_tokens"}, "position_ids": {0: "batch", 1: "new_tokens"},
             "attn_mask": {0: "batch", 1: "new_tokens", 2: "total_len"}, "logit_rows": {0: "batch", 1: "logit_rows"},
             "logits": {0: "batch", 1: "logit_rows"}}
     axes.update({n: {0: "batch", 1: "past_len"} for n in inputs[4:]})
-    axes.update({n: {0: "batch", 1: "new_tokens"} for n in outputs[1:]})
+    axes.update({n: {0: "batch", 1: "new_tokens"} for n in outputs[1:] if n.startswith("new_")})
+    axes.update({n: {0: "batch", 1: "logit_rows"} for n in outputs if n == "hidden"})
     torch.onnx.export(step, args, str(path), dynamo=False, opset_version=opset, input_names=inputs,
                       output_names=outputs, dynamic_axes=axes, do_constant_folding=True)
     if external:  # the legacy exporter inlines weights up to 2 GB; move them out like the dynamo path
@@ -109,20 +110,21 @@ def save_graph(proto: onnx.ModelProto, path: Path, external: bool) -> None:
 def _fix_interface(path: Path, model: Decoder) -> None:
     """fix_interface on the graph at `path`; loads only the graph, so external weights are untouched."""
     proto = onnx.load(str(path), load_external_data=False)
-    onnx.save_model(fix_interface(proto, model.spec, model.kv_dtype), str(path))
+    onnx.save_model(fix_interface(proto, model.spec, model.kv_dtype, model.hidden_rows), str(path))
 
 
-def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype) -> onnx.ModelProto:
+def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool = False) -> onnx.ModelProto:
     """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
-    reject non-standard domains."""
+    reject non-standard domains. `hidden`: the graph also returns the hidden rows."""
     kv = _TORCH_TO_ONNX[kv_dtype]
     i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
     want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
             "attn_mask": (b, ["batch", "new_tokens", "total_len"]), "logit_rows": (i64, ["batch", "logit_rows"]),
             "logits": (onnx.TensorProto.FLOAT, ["batch", "logit_rows", s.vocab_size])}
-    inputs, outputs = io_names(s.num_layers, s.num_kv_heads)
+    inputs, outputs = io_names(s.num_layers, s.num_kv_heads, hidden)
     want.update({n: (kv, ["batch", "past_len", s.head_dim]) for n in inputs[4:]})
     want.update({n: (kv, ["batch", "new_tokens", s.head_dim]) for n in outputs[1:]})
+    want["hidden"] = (onnx.TensorProto.FLOAT, ["batch", "logit_rows", s.hidden_size])
     g = proto.graph
     got = [v.name for v in g.input], [v.name for v in g.output]
     if got != (inputs, outputs):

@@ -66,6 +66,7 @@ class Call:
     new_mask: torch.Tensor      # [T, scratch + T] bool: visibility over the scratch rows, then the new ones
     rows: torch.Tensor | None   # [R] logit rows (None: all T)
     phase: str = "step"         # "prefill" or "step" (only for timing)
+    hidden: torch.Tensor | None = None   # after the run, with an engine's hidden rows: [R, hidden_size]
 
     @property
     def t(self) -> int:
@@ -141,10 +142,12 @@ class Batcher:
         else:
             logits = self.engine.step_batch(caches, ids, pos, mask, rows)
         out = []
+        hidden = self.engine.hidden if self.engine.hidden_rows else None
         for i, call in enumerate(calls):
             call.cache.advance(call.t)              # the real rows; the pad rows after them are dropped
             x = logits[i, : call.r]
             out.append(x.clone() if self.engine.logits_in_own_buffer else x)
+            call.hidden = None if hidden is None else hidden[i, : call.r].clone()
         return out
 
     def _shape(self, calls: list[Call]) -> tuple[int, int, int, bool]:

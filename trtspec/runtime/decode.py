@@ -49,6 +49,10 @@ class DecodeState:
     grammar: GrammarState | None = None  # the output's grammar, having consumed the output so far
     step_logprobs: list[TokenLogprob] = field(default_factory=list)   # the last step's, when asked for
     draft_store: PrefixStore | None = None   # the draft's prefix store (a lazily prefilled draft restores from it)
+    # With a target engine that returns hidden rows (export/contract.py): the rows its LM head read for
+    # the last accepted path (or the prompt's last prefilled token), the last of them the row whose
+    # logits chose the root: what a drafting head reads. None otherwise.
+    hidden: torch.Tensor | None = None
 
     @property
     def root(self) -> int:

@@ -12,6 +12,10 @@ never moves a cache's bookkeeping: the caller (the Batcher) advances it after th
 interface lives in the runtime, which owns it; backends (trtspec/engines/) implement it. The
 returned float32 logits may be a view of an engine-owned buffer (`logits_in_own_buffer`): read them
 before the next step. `step` is the one-row form of the call.
+
+An engine whose graph also returns the hidden rows (export/contract.py; `hidden_rows`) leaves them,
+[B, R, hidden_size] float32, in `hidden` after each step, read like the logits: before the next
+step (the Batcher copies each call's out at once).
 """
 from __future__ import annotations
 
@@ -29,6 +33,8 @@ class Engine(ABC):
     kv_dtype: torch.dtype
     device: str = "cpu"
     logits_in_own_buffer = False     # True: step returns a view of a buffer the next step overwrites
+    hidden_rows = False              # True: each step also leaves the rows its LM head read in `hidden`
+    hidden: torch.Tensor | None = None
 
     def new_pool(self, slots: int, capacity: int) -> KVPool:
         return KVPool(self.spec, slots, capacity, self.kv_dtype, self.device)

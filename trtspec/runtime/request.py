@@ -196,6 +196,7 @@ class Request:
         # at the request's first drafted step, so a request that never drafts (a full batch) never
         # pays for it.
         yield from self.prefill(st.target, "target")
+        st.hidden = st.target.hidden                 # the prompt's last prefilled row (hidden rows only)
         if st.draft is not None and not budget.adaptive:
             yield from self.prefill(st.draft, "draft")
         st.draft_store = (self.stores or {}).get("draft") if st.draft is not None else None

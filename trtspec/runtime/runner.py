@@ -77,6 +77,7 @@ class ModelRunner:
         self.engine = batcher.engine
         self.cache = cache
         self.forwards = 0
+        self.hidden: torch.Tensor | None = None   # the last call's hidden rows [R, hidden] (engines with them)
         self._iota = torch.arange(MAX_STEP_TOKENS, dtype=torch.int64)   # logit-row indices, reused
         # A draft whose embedding table is smaller or larger than the target's (Qwen2.5-0.5B has
         # 151,936 rows, Qwen2.5-7B 152,064) answers in the target's vocabulary: logits are cut to
@@ -100,7 +101,9 @@ class ModelRunner:
         if self.max_id is not None:
             tokens = tokens.clamp(max=self.max_id)
         self.forwards += 1
-        logits = yield Call(self.batcher, self.cache, tokens, positions, new_mask, logit_rows, phase)
+        call = Call(self.batcher, self.cache, tokens, positions, new_mask, logit_rows, phase)
+        logits = yield call
+        self.hidden = call.hidden                   # the rows its LM head read, with an engine that has them
         return self._fit_vocab(logits.float())      # where the engine left them: no host copy
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -142,3 +145,4 @@ class ModelRunner:
     def reset(self) -> None:
         self.cache.reset()
         self.forwards = 0
+        self.hidden = None

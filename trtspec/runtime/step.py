@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from . import verify
 from .decode import DecodeState, StepStats
 from .logits import shape, token_logprobs
@@ -52,6 +54,8 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     last, nxt = yield from verify.check(tree, scores, gen)      # chosen and read with the phase's others
     path = tree.path(last)
     st.target.cache.commit(path)
+    if st.target.hidden is not None:                 # a target with hidden rows: the accepted path's
+        st.hidden = st.target.hidden[torch.from_numpy(path)]
     if proposal.draft_rows is not None:
         st.draft.cache.commit(proposal.draft_commit(path))
     emitted = tree.host_tokens[path[1:]].tolist() + [nxt]

@@ -1,0 +1,172 @@
+"""Hidden rows (export/contract.py; issue 42, deliverable 3, the graph's part): a step graph exported
+with them returns, for its logit rows, the rows its LM head reads, so a head that applies the target's
+own LM head to them gets the target's logits and argmax; the streamed build's graph equals the
+in-memory export's; a graph without them is unchanged; the ONNX Runtime and torch engines hand each
+call of a batch its rows (`Call.hidden`, the runner's `hidden`); and a drafter registered from this
+file reads each request's rows (`DecodeState.hidden`), its LM head naming the root at every step."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from trtspec.engines.onnxruntime_engine import OrtEngine
+from trtspec.engines.torch_engine import TorchEngine
+from trtspec.engines.stream import build_graph
+from trtspec.engines.weights import StateWeights
+from trtspec.export.contract import io_names, io_spec
+from trtspec.export.onnx_export import _probe_outputs, export_onnx
+from trtspec.export.tiny import tiny_pair, tiny_spec
+from trtspec.runtime.batch import Batcher, Call
+from trtspec.runtime.drafters import Drafter
+from trtspec.runtime.runner import ModelRunner, drive
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """(spec, model with hidden rows on, its graph, the graph without them): exported once per module."""
+    spec = tiny_spec(arch="llama")
+    model, _ = tiny_pair(spec, seed=3)
+    folder = tmp_path_factory.mktemp("hidden")
+    plain = export_onnx(model, folder / "plain.onnx")
+    model.hidden_rows = True
+    return spec, model, export_onnx(model, folder / "hidden.onnx"), plain
+
+
+def step_inputs(spec, gen: torch.Generator):
+    """A batch of two rows: a 5-token prefill over 3 past rows, every row's logits asked for."""
+    b, c, t = 2, 3, 5
+    ids = torch.randint(0, spec.vocab_size, (b, t), generator=gen)
+    pos = torch.arange(c, c + t).repeat(b, 1)
+    mask = torch.ones(b, t, c + t, dtype=torch.bool).tril(c)
+    rows = torch.arange(t).repeat(b, 1)
+    past = [torch.randn(b, c, spec.head_dim, generator=gen) for _ in range(2 * spec.num_layers * spec.num_kv_heads)]
+    return ids, pos, mask, rows, past
+
+
+@pytest.mark.parametrize("arch,exporter", [("llama", "dynamo"), ("qwen2", "torchscript")])
+def test_hidden_rows_are_what_the_lm_head_reads(arch, exporter, tmp_path, llama):
+    if arch == "llama":
+        spec, model, path, _ = llama
+    else:
+        spec = tiny_spec(arch=arch, tie=True)
+        model, _ = tiny_pair(spec, seed=3)
+        model.hidden_rows = True
+        path = export_onnx(model, tmp_path / "h.onnx", opset=17, exporter=exporter)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ins, outs = io_names(spec.num_layers, spec.num_kv_heads, hidden=True)
+    assert [o.name for o in sess.get_outputs()] == outs and outs[-1] == "hidden"
+    assert [o["name"] for o in io_spec(spec, "fp32", hidden=True)["outputs"]] == outs
+    ids, pos, mask, rows, past = step_inputs(spec, torch.Generator().manual_seed(0))
+    feed = dict(zip(ins, [x.numpy() for x in (ids, pos, mask, rows, *past)]))
+    got = sess.run(None, feed)
+    logits, hidden = got[0], got[-1]
+    assert hidden.shape == (2, 5, spec.hidden_size) and hidden.dtype == np.float32
+    with torch.no_grad():
+        ref_logits, _, ref_hidden = model(ids, pos, mask, rows, past)
+    np.testing.assert_allclose(hidden, ref_hidden.numpy(), rtol=1e-4, atol=1e-5)
+    head = hidden @ model.lm_head.weight.detach().numpy().T          # the target's own LM head, re-applied
+    np.testing.assert_allclose(head, logits, rtol=1e-4, atol=1e-4)
+    assert (head.argmax(-1) == logits.argmax(-1)).all() and (logits.argmax(-1) == ref_logits.numpy().argmax(-1)).all()
+
+
+def test_a_streamed_graph_with_hidden_rows_is_the_exported_graph(tmp_path, llama):
+    spec, model, memory, _ = llama
+    build_graph(StateWeights(spec, model.state_dict()), tmp_path / "stream.onnx", torch.float32, hidden=True)
+    a, b = _probe_outputs(memory), _probe_outputs(tmp_path / "stream.onnx")
+    assert len(a) == len(b) == 2 + 2 * spec.num_layers * spec.num_kv_heads
+    assert all(x.shape == y.shape and (x == y).all() for x, y in zip(a, b))
+
+
+def test_without_hidden_rows_the_graph_is_unchanged(llama):
+    spec, _, _, plain = llama
+    assert [o.name for o in ort.InferenceSession(str(plain)).get_outputs()] == io_names(2, 2)[1]
+    assert "hidden" not in io_names(2, 2)[1] and "hidden" not in str(io_spec(spec, "fp32"))
+    engine = OrtEngine(plain, spec)
+    assert not engine.hidden_rows
+    runner = ModelRunner.alone(engine, capacity=64)
+    drive(runner.extend([1, 2, 3]))
+    assert runner.hidden is None
+    engine.close()
+
+
+def test_the_engines_hand_each_call_its_hidden_rows(llama):
+    """ONNX Runtime (a graph with them) and torch (a model with them): each call of a batch gets the rows
+    its LM head read, the same as alone; re-applying the LM head gives the call's logits."""
+    spec, model, hidden, plain = llama
+    plain = OrtEngine(plain, spec)
+    head = model.lm_head.weight.detach()
+    for engine in (OrtEngine(hidden, spec), TorchEngine(model)):
+        assert engine.hidden_rows
+        alone, ref = [], []
+        for prompt in ([5, 6, 7, 8], [9, 10]):
+            runner, other = ModelRunner.alone(engine, capacity=64), ModelRunner.alone(plain, capacity=64)
+            logits = drive(runner.extend(prompt, last_only=False))
+            ref.append(drive(other.extend(prompt, last_only=False)))
+            assert runner.hidden.shape == (len(prompt), spec.hidden_size)
+            torch.testing.assert_close(runner.hidden @ head.T, logits, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(logits, ref[-1], rtol=1e-4, atol=1e-4)   # the same step as without them
+            assert (logits.argmax(-1) == ref[-1].argmax(-1)).all()
+            alone.append(runner.hidden)
+        batcher = Batcher(engine, max_batch=2, capacity=64)
+        pool = engine.new_pool(2, 64 + batcher.headroom)
+        calls = [Call(batcher, pool.caches[i], torch.tensor(p), torch.arange(len(p)),
+                      torch.ones(len(p), len(p), dtype=torch.bool).tril(), None)
+                 for i, p in enumerate(([5, 6, 7, 8], [9, 10]))]
+        batcher.run(calls)
+        for call, rows in zip(calls, alone):
+            torch.testing.assert_close(call.hidden, rows, rtol=1e-5, atol=1e-5)
+        engine.close()
+    plain.close()
+
+
+class Echo(Drafter):
+    """A test head: the target's own LM head re-applied to the last of `st.hidden`. After a step that row
+    chose the root, so the head must name the root, every greedy step; at the first step it is the
+    prompt's last prefilled row, so the head names the target's own guess of the prompt's last token.
+    It proposes no chain: the root's own row comes with the next verification."""
+    name = "echo"
+    head: torch.Tensor | None = None
+    seen: list[tuple[int, int, list[int] | None]] = []     # (the head's token, the root, the prompt if first)
+
+    def chain(self, st, context, n: int) -> list[int]:
+        if st.hidden is not None:
+            first = st.tokens()[: st.prompt_len].tolist() if not st.steps else None
+            self.seen.append((int((st.hidden[-1] @ self.head.T).argmax()), st.root, first))
+        return []
+
+
+def test_a_head_drafter_reads_each_request_s_hidden_rows(monkeypatch):
+    """A target with hidden rows (torch engine): a drafter registered from this file reads each request's
+    rows (DecodeState.hidden: the prompt's last prefilled row, then each accepted path's), alone and
+    with other requests in the batch, under `ngram` and `staged`; its LM head names the root at every
+    step, and every output equals `ar`'s."""
+    from conftest import GPU_LIKE, reference_logits
+
+    from trtspec.runtime.drafters import DRAFTERS
+    from trtspec.runtime.generator import Generator
+    spec = tiny_spec(arch="llama")
+    target, draft = tiny_pair(spec, seed=0)
+    target.hidden_rows = True
+    monkeypatch.setitem(DRAFTERS, "echo", Echo)
+    monkeypatch.setattr(Echo, "head", target.lm_head.weight.detach())
+    monkeypatch.setattr(Echo, "seen", [])
+    gen = Generator(TorchEngine(target), TorchEngine(draft), capacity=128, costs=GPU_LIKE)
+    try:
+        prompts = [[3, 17, 99, 250, 401, 7] * 3, [5, 6, 7], [42, 43, 44, 45, 46]]
+        refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
+        out = gen.generate(prompts[0], strategy="ngram:drafter=echo", max_new_tokens=12)
+        assert out.token_ids == refs[0] and len(Echo.seen) == len(out.steps)       # every step read its rows
+        handles = [gen.submit(p, strategy=s, max_new_tokens=12)
+                   for p in prompts for s in ("ngram:drafter=echo", "staged:drafter=echo+ngram")]
+        assert [h.result(timeout=120).token_ids for h in handles] == [r for r in refs for _ in range(2)]
+    finally:
+        gen.close()
+    later = [(a, b) for a, b, first in Echo.seen if first is None]
+    assert len(later) > 3 * 12 and all(a == b for a, b in later), later          # it chose the root
+    firsts = [(a, first) for a, _, first in Echo.seen if first is not None]
+    assert len(firsts) == 1 + 2 * len(prompts)                                   # every request's first step
+    target.hidden_rows = False              # (the reference forward returns logits and KV only)
+    for a, prompt in firsts:                # the target's guess of the prompt's last token, from its own logits
+        assert a == int(reference_logits(target, prompt[:-1])[-1].argmax()), (a, prompt)
