@@ -143,11 +143,13 @@ class Batcher:
             logits = self.engine.step_batch(caches, ids, pos, mask, rows)
         out = []
         hidden = self.engine.hidden if self.engine.hidden_rows else None
+        own = self.engine.logits_in_own_buffer      # (its hidden rows too): copied out before the next step
         for i, call in enumerate(calls):
             call.cache.advance(call.t)              # the real rows; the pad rows after them are dropped
             x = logits[i, : call.r]
-            out.append(x.clone() if self.engine.logits_in_own_buffer else x)
-            call.hidden = None if hidden is None else hidden[i, : call.r].clone()
+            out.append(x.clone() if own else x)
+            if hidden is not None:
+                call.hidden = hidden[i, : call.r].clone() if own else hidden[i, : call.r]
         return out
 
     def _shape(self, calls: list[Call]) -> tuple[int, int, int, bool]:

@@ -29,7 +29,7 @@ class Strategy:
     needs_draft = False
     auto = False       # budget: auto (the request's budget sizes every tree, up to `nodes`)
     nodes = 0          # the most nodes a tree adds to its root (the cap, with auto)
-    drafters: list[Drafter] = []     # the free drafters it grows trees with (drafters/), in order
+    drafters: tuple[Drafter, ...] | list[Drafter] = ()   # the free drafters it grows trees with, in order
 
     def __init__(self) -> None:
         pass
