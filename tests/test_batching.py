@@ -113,8 +113,27 @@ def test_old_contract_folder_is_refused(ort_folder, tmp_path, old):
     m = json.loads((eng / "manifest.json").read_text())
     m["contract_version"] = old
     (eng / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(EngineError, match=f"step contract v{old}, this trtspec runs v3; rebuild it: trtspec build"):
+    with pytest.raises(EngineError, match=f"step contract v{old}, this trtspec runs v3 and v4; rebuild it: trtspec"):
         verify(eng)
+
+
+def test_contract_v3_folder_runs(ort_folder, tmp_path):
+    """A v3 folder is a v4 folder without hidden rows: it runs as it is, with the same output."""
+    import shutil
+    eng = tmp_path / "v3"
+    shutil.copytree(ort_folder, eng)
+    m = json.loads((eng / "manifest.json").read_text())
+    assert m["contract_version"] == 4
+    assert all(o["name"] != "hidden" for model in m["models"].values() for o in model["io"]["outputs"])
+    m["contract_version"] = 3
+    (eng / "manifest.json").write_text(json.dumps(m))
+    assert verify(eng)["contract_version"] == 3
+    got = []
+    for folder in (ort_folder, eng):
+        gen = load_generator(folder)
+        got.append(solo(gen, [5, 6, 7], 8, "chain"))
+        gen.close()
+    assert got[0] == got[1]
 
 
 def test_older_graph_folder_runs_with_a_rebuild_hint(ort_folder, tmp_path, caplog):

@@ -44,7 +44,7 @@ def copy_engines(src: Path, tmp_path: Path) -> Path:
 
 def test_engine_folder_layout(engines):
     m = verify(engines)
-    assert m["format"] == "trtspec-engine" and m["contract_version"] == 3
+    assert m["format"] == "trtspec-engine" and m["contract_version"] == 4
     for role in ("target", "draft"):
         arts = m["models"][role]["artifacts"]
         assert set(arts) == {"ort_fp32"}, arts             # the weights once: the ORT-optimized graph only

@@ -3,7 +3,9 @@ with them returns, for its logit rows, the rows its LM head reads, so a head tha
 own LM head to them gets the target's logits and argmax; the streamed build's graph equals the
 in-memory export's; a graph without them is unchanged; the ONNX Runtime and torch engines hand each
 call of a batch its rows (`Call.hidden`, the runner's `hidden`); and a drafter registered from this
-file reads each request's rows (`DecodeState.hidden`), its LM head naming the root at every step."""
+file reads each request's rows (`DecodeState.hidden`), its LM head naming the root at every step; a build
+asks for them with `target.hidden_rows: true` (a step contract v4 folder, on ONNX Runtime and torch),
+and a strategy whose drafter reads them is refused, in one line, where the target has none."""
 from __future__ import annotations
 
 import numpy as np
@@ -127,6 +129,7 @@ class Echo(Drafter):
     prompt's last prefilled row, so the head names the target's own guess of the prompt's last token.
     It proposes no chain: the root's own row comes with the next verification."""
     name = "echo"
+    reads_hidden = True
     head: torch.Tensor | None = None
     seen: list[tuple[int, int, list[int] | None]] = []     # (the head's token, the root, the prompt if first)
 
@@ -170,3 +173,102 @@ def test_a_head_drafter_reads_each_request_s_hidden_rows(monkeypatch):
     target.hidden_rows = False              # (the reference forward returns logits and KV only)
     for a, prompt in firsts:                # the target's guess of the prompt's last token, from its own logits
         assert a == int(reference_logits(target, prompt[:-1])[-1].argmax()), (a, prompt)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_a_build_with_hidden_rows(backend, tmp_path, monkeypatch):
+    """`target.hidden_rows: true`: a step contract v4 folder whose target returns its hidden rows (the
+    draft's graph is unchanged); the echo head reads them from the loaded folder and names the root at
+    every step after the first; every output equals `ar`'s."""
+    from conftest import QUIET, tiny_dict
+
+    from trtspec.assembly.build import build_engines
+    from trtspec.assembly.config import Config
+    from trtspec.assembly.load import load_generator, torch_model
+    from trtspec.engines.manifest import verify
+    from trtspec.runtime.drafters import DRAFTERS
+    from trtspec.tools.inspect_engines import describe
+    d = tiny_dict()
+    d["target"]["hidden_rows"] = True
+    folder = build_engines(Config.from_dict(d), tmp_path / backend, backend=backend, **QUIET)
+    m = verify(folder)
+    assert m["contract_version"] == 4 and any(line.startswith("  hidden ") for line in describe(folder))
+    assert [o["name"] for o in m["models"]["target"]["io"]["outputs"]][-1] == "hidden"
+    assert "hidden" not in [o["name"] for o in m["models"]["draft"]["io"]["outputs"]]
+    head = torch_model(folder, "target", m["models"]["target"], m["config"]).lm_head.weight.detach()
+    monkeypatch.setitem(DRAFTERS, "echo", Echo)
+    monkeypatch.setattr(Echo, "head", head)
+    monkeypatch.setattr(Echo, "seen", [])
+    gen = load_generator(folder)
+    try:
+        assert gen.target_engine.hidden_rows and not gen.draft_engine.hidden_rows
+        for prompt in ([3, 17, 99, 250, 401, 7] * 2, [5, 6, 7]):
+            ref = gen.generate(prompt, strategy="ar", max_new_tokens=10).token_ids
+            for s in ("ngram:drafter=echo", "staged:drafter=echo+ngram"):
+                seen = len(Echo.seen)
+                out = gen.generate(prompt, strategy=s, max_new_tokens=10)
+                assert out.token_ids == ref, s
+                if s.startswith("ngram"):              # it asks for a chain every step (staged: at its stage 2)
+                    assert len(Echo.seen) - seen == len(out.steps)
+    finally:
+        gen.close()
+    later = [(a, b) for a, b, first in Echo.seen if first is None]
+    assert len(later) > 4 and all(a == b for a, b in later), later
+
+
+def test_a_quantized_exact_target_keeps_its_logits_with_hidden_rows(tmp_path, llama):
+    """The default target's kind of graph (int4 weights, int8 activations, exact attention): asking for
+    the hidden rows adds an output and changes no logit."""
+    spec, model, _, _ = llama
+    weights = StateWeights(spec, model.state_dict())
+    engines = []
+    for hidden in (False, True):
+        path = tmp_path / f"hidden-{hidden}.onnx"
+        build_graph(weights, path, torch.float32, exact=True, quantize="int4", accuracy_level=4, hidden=hidden)
+        engines.append(OrtEngine(path, spec))
+    assert [e.hidden_rows for e in engines] == [False, True]
+    got = []
+    for engine in engines:
+        runner = ModelRunner.alone(engine, capacity=64)
+        got.append(drive(runner.extend([5, 6, 7, 8, 9], last_only=False)))
+        assert (runner.hidden is None) == (engine is engines[0])
+        engine.close()
+    assert torch.equal(got[0], got[1])
+
+
+def test_hidden_rows_refused_where_they_cannot_be(tmp_path, monkeypatch, torch_folder):
+    """One line each: a draft's rows, a backend that does not bind them, a drafter that reads them from
+    a target without them (in the config, and asked of a loaded folder); a config without the key keeps
+    its digest (folders built before it)."""
+    from conftest import tiny_dict
+
+    from trtspec.assembly.config import Config
+    from trtspec.assembly.load import load_generator
+    from trtspec.errors import ConfigError, RequestError
+    from trtspec.runtime.drafters import DRAFTERS
+    monkeypatch.setitem(DRAFTERS, "echo", Echo)
+
+    def config(**changes):
+        d = tiny_dict()
+        for key, value in changes.items():
+            d[key] = {**d[key], **value} if isinstance(value, dict) else value
+        return Config.from_dict(d)
+
+    refused = [({"draft": {"hidden_rows": True}}, "draft.hidden_rows: true: a head reads the target's rows"),
+               ({"target": {"hidden_rows": True}, "backend": "tensorrt"}, "TensorRT plans do not bind"),
+               ({"target": {"hidden_rows": True}, "cuda_graphs": True}, "CUDA graphs do not bind"),
+               ({"strategies": {"ngram": {"drafter": "echo"}}},
+                "drafts with echo, which reads the target's hidden rows, .* set target.hidden_rows: true")]
+    for changes, why in refused:
+        with pytest.raises(ConfigError, match=why) as e:
+            config(**changes)
+        assert "\n" not in str(e.value)
+    config(target={"hidden_rows": True}, strategies={"ngram": {"drafter": "echo"}})
+    assert config().digest() == config(target={"hidden_rows": False}).digest() != config(
+        target={"hidden_rows": True}).digest()
+    gen = load_generator(torch_folder)
+    try:
+        with pytest.raises(RequestError, match="set target.hidden_rows: true in the config and rebuild"):
+            gen.generate([1, 2, 3], strategy="staged:drafter=echo+ngram", max_new_tokens=4)
+    finally:
+        gen.close()

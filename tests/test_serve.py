@@ -225,7 +225,7 @@ def test_models_health_version(server):
     h = server.get("/health").json()
     assert h["status"] == "ok" and h["slots"] == 4
     v = server.get("/version").json()
-    assert v["backend"] == "torch" and v["contract_version"] == 3 and "staged" in v["strategies"]
+    assert v["backend"] == "torch" and v["contract_version"] == 4 and "staged" in v["strategies"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -51,11 +51,17 @@ def _load_torch(folder: Path, role: str, info: dict, opts: LoadOptions) -> "Engi
     from ..export.spec import DTYPES, ModelSpec
     model = Decoder.from_state(ModelSpec.from_dict(info["spec"]), load_file(str(folder / info["artifacts"]["weights"])),
                                DTYPES[info["dtype"]])
+    model.hidden_rows = returns_hidden(info)
     model = quantize_decoder(model, opts.quantize)
     if opts.cuda_graphs:
         from ..engines.cuda_graphs import GraphedTorchEngine
         return GraphedTorchEngine(model, opts.device)
     return TorchEngine(model, opts.device)
+
+
+def returns_hidden(info: dict) -> bool:
+    """Whether a folder's model was built to return its hidden rows (its manifest I/O; contract v4)."""
+    return any(o["name"] == "hidden" for o in info.get("io", {}).get("outputs", []))
 
 
 def _torch_quantize(role: str, entry: "ModelEntry", cfg: "Config") -> str | None:

@@ -276,7 +276,7 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
                                   "max_seq_len in the config")
             info["spec"] = spec.to_dict()
             exact = exact_attention(role, entry) and want_onnx
-            info["io"] = io_spec(spec, "fp64" if exact else entry.dtype)
+            info["io"] = io_spec(spec, "fp64" if exact else entry.dtype, hidden=entry.hidden_rows)
             if exact:
                 info["attention"] = "fp64"
             if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
@@ -313,7 +313,7 @@ def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: 
                         "chosen_by": "token counts over Python's standard library (engines/head_vocab.py)"}
     counts = build_graph(weights, path, DTYPES[dt], exact_attention(role, entry), cfg.build.opset, mode,
                          ACCURACY_LEVEL[acts], desc=f"{role}: writing {path.name}",
-                         exported=None if ahead is None else ahead.get(), head=head)
+                         exported=None if ahead is None else ahead.get(), head=head, hidden=entry.hidden_rows)
     if mode != "none":              # the config allows it for onnxruntime fp32 only
         if counts["matmuls_quantized"] == 0:
             raise EngineError(f"{role} {entry.model}: no MatMul weight is a quantized tensor of the source; "

@@ -78,6 +78,9 @@ class ModelEntry(Strict):
     # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another
     # token; outputs are unchanged (the target verifies every token). 0: the whole vocabulary.
     head: Annotated[int, Field(ge=0, le=1 << 24)] = 0
+    # The target's step also returns the rows its LM head reads (step contract v4's hidden rows), for
+    # a drafter that reads them (a head: EAGLE, Medusa, MTP). Off: a graph without them is unchanged.
+    hidden_rows: bool = False
 
     @field_validator("model")
     @classmethod
@@ -149,7 +152,7 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
-        from ..runtime.strategies import STRATEGIES, make_strategy
+        from ..runtime.strategies import STRATEGIES, hidden_rows_missing, make_strategy
         from .backends import check
         why = check(self)                              # the backend's own rules (quantize, dtypes, buckets)
         if why:
@@ -157,6 +160,13 @@ class Config(Strict):
         if self.target.head:
             raise ValueError(f"target.head: {self.target.head}: only a draft's LM head may be reduced (the target's "
                              "logits decide every output token); move head to draft, or remove it")
+        if self.draft is not None and self.draft.hidden_rows:
+            raise ValueError("draft.hidden_rows: true: a head reads the target's rows, not the draft's; move "
+                             "hidden_rows to target, or remove it")
+        if self.target.hidden_rows and (self.backend == "tensorrt" or self.cuda_graphs):
+            which = "TensorRT plans" if self.backend == "tensorrt" else "CUDA graphs"
+            raise ValueError(f"target.hidden_rows: true: {which} do not bind the hidden rows yet; use backend "
+                             "onnxruntime or torch without cuda_graphs, or remove hidden_rows")
         if self.draft is not None and self.draft.head and self.backend == "torch":
             raise ValueError(f"draft.head: {self.draft.head}: a reduced head is built into ONNX graphs; use backend "
                              "onnxruntime (or tensorrt), or remove head")
@@ -174,6 +184,8 @@ class Config(Strict):
                 opts = {**opts, "bigram": str((Path(self.source).parent / str(opts["bigram"])).resolve())}
                 self.strategies[name] = opts
             strat = make_strategy(name, **opts)        # raises ConfigError naming strategies.NAME.KEY
+            if strat.reads_hidden and not self.target.hidden_rows:
+                raise ValueError(hidden_rows_missing(name, strat) + ": set target.hidden_rows: true and rebuild")
             if strat.needs_draft and self.draft is None and name == self.strategy:
                 raise ValueError(f"strategy {name!r} needs a draft model: add `draft:` or choose ar / ngram")
             if strat.max_tree_size() > MAX_STEP_TOKENS:
@@ -215,8 +227,9 @@ class Config(Strict):
         for role in ("target", "draft"):
             if keep.get(role) and (keep[role].get("quantize") == "none" or BACKENDS[self.backend].quantizes_at_load):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
-            if keep.get(role) and keep[role].get("activations") == "auto":     # folders built before it existed
-                keep[role] = {k: v for k, v in keep[role].items() if k != "activations"}
+            for key, default in (("activations", "auto"), ("hidden_rows", False)):   # as folders built before them
+                if keep.get(role) and keep[role].get(key) == default:
+                    keep[role] = {k: v for k, v in keep[role].items() if k != key}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -2,9 +2,10 @@
 
 It records the config, each model's spec and I/O contract, the tokenizer files, the versions of
 trtspec/torch/onnx/onnxruntime/tensorrt that built it, and the sha256 of every artifact. `verify`
-refuses a folder whose manifest is missing, of another contract version, or whose files differ.
-Hashing gigabytes on every run would cost seconds, so a verified hash is remembered in
-`.verified.json` against the file's size and mtime; any rewrite of the file changes those.
+refuses a folder whose manifest is missing, of a contract version this trtspec does not run
+(export/contract.py: READS), or whose files differ. Hashing gigabytes on every run would cost
+seconds, so a verified hash is remembered in `.verified.json` against the file's size and mtime;
+any rewrite of the file changes those.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import TrtspecError
-from ..export.contract import CONTRACT_VERSION, GRAPH_REVISION
+from ..export.contract import CONTRACT_VERSION, GRAPH_REVISION, READS
 from ..runtime.costs import COSTS_FILE
 
 FORMAT = "trtspec-engine"
@@ -133,9 +134,9 @@ def verify(folder: str | Path) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise EngineError(f"{path} is not a trtspec manifest; {fix}")
     _check_shape(manifest, path, fix)
-    if manifest.get("contract_version") != CONTRACT_VERSION:
+    if manifest.get("contract_version") not in READS:          # v3: a v4 folder without hidden rows
         raise EngineError(f"{folder} was built for step contract v{manifest.get('contract_version')}, this "
-                          f"trtspec runs v{CONTRACT_VERSION}; {fix}")
+                          f"trtspec runs v{' and v'.join(map(str, READS))}; {fix}")
     if manifest.get("graph_revision", 1) < GRAPH_REVISION:
         log.warning("%s was built with an older graph whose attention copies each layer's past every step "
                     "(it runs, more slowly at long contexts); %s", folder, fix)

@@ -6,12 +6,13 @@ layer *and KV head*, `[B, C, D]`, so a slot's rows of one head are one contiguou
 `[.., Hkv, S, D]` pool and attention reads them without transposing the past (version 2 took one
 `[B, C, Hkv, D]` tensor per layer, which the graph transposed every step).
 
-Hidden rows (`hidden`, [B, R, hidden_size] float32, after every KV output): the last layer's rows
-that the LM head reads (after the final norm), for the same `logit_rows`: what a drafting head
-(EAGLE, Medusa, MTP) reads from the target. Off by default (`Decoder.hidden_rows`); a graph
-exported with them is the coming version 4. The ONNX Runtime (CPU) and torch engines bind them
-(`Engine.hidden`); ONNX Runtime's CUDA engine and the CUDA-graph torch engine refuse one; no build
-asks for them yet (so no TensorRT plan is made from one). v3 graphs are unchanged by it.
+Version 4 adds the hidden rows (`hidden`, [B, R, hidden_size] float32, after every KV output): the
+last layer's rows that the LM head reads (after the final norm), for the same `logit_rows`: what a
+drafting head (EAGLE, Medusa, MTP) reads from the target. They are optional: a build asks for them
+with `target.hidden_rows: true` (`Decoder.hidden_rows`), and a graph without them is a version 3
+graph, so `verify` runs v3 folders as they are (READS). The ONNX Runtime (CPU) and torch engines
+bind them (`Engine.hidden`); ONNX Runtime's CUDA engine, the CUDA-graph torch engine and TensorRT
+plans do not yet, and the config refuses them there.
 
 GRAPH_REVISION numbers changes inside the graph that keep its I/O (engine folders of an older
 revision still run, more slowly): 2 = attention reads each layer's past where it lies (revision 1
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 from .spec import ModelSpec
 
-CONTRACT_VERSION = 3
+CONTRACT_VERSION = 4
+READS = (3, 4)          # the contract versions this trtspec runs (v3 = v4 without hidden rows)
 GRAPH_REVISION = 2
 
 

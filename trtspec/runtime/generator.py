@@ -91,8 +91,10 @@ class Generator:
 
     def strategy(self, name: str | Strategy, **overrides) -> Strategy:
         """A strategy object: `name` with the config's options, overrides written "staged:budget=12" and
-        `overrides` (strategies.strategy: checked runnable with this generator's draft or none)."""
-        return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None, **overrides)
+        `overrides` (strategies.strategy: checked runnable with this generator's draft or none, and its
+        target's hidden rows or none)."""
+        return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None,
+                        has_hidden=self.target_engine.hidden_rows, **overrides)
 
     def request(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                 sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,

@@ -29,6 +29,7 @@ from ..runtime.tree import TokenTree
 
 
 def describe(folder: Path) -> list[str]:
+    from ..assembly.backends import returns_hidden
     m = verify(folder)
     rev = m.get("graph_revision", 1)
     lines = [f"engine folder {folder} (contract v{m['contract_version']}, graph revision {rev}, built {m['created']}, "
@@ -55,6 +56,9 @@ def describe(folder: Path) -> list[str]:
         if head := info.get("head"):
             lines.append(f"  LM head    {head['tokens']} of {head['of']} tokens ({head['chosen_by']}); the others "
                          "get probability 0 in drafts")
+        if returns_hidden(info):
+            lines.append(f"  hidden     the step also returns the {s['hidden_size']}-wide rows its LM head reads "
+                         "(contract v4, for a drafting head)")
         if info.get("attention") == "fp64":
             lines.append("  attention  fp64, KV cache fp64 (exact attention: a tree row's logits are the one-token "
                          "forward's; check: inspect --compare --trees N)")

@@ -47,6 +47,7 @@ class Candidate:
 class Drafter:
     name = "base"
     scored = False       # `candidates` gives scored trees (else chains only)
+    reads_hidden = False  # it reads `st.hidden`, the target's hidden rows (a head: target.hidden_rows)
 
     def __init__(self, scope: str = "default") -> None:
         self.scope = scope            # what a drafter that learns across requests shares them by

@@ -80,8 +80,16 @@ def make_strategy(name: str, /, **options) -> Strategy:
     return STRATEGIES[name](**options)
 
 
-def check(strat: Strategy, has_draft: bool) -> None:
-    """RequestError unless `strat` can run: its step fits one model call, and it has its draft."""
+def hidden_rows_missing(name: str, strat: Strategy) -> str:
+    """Why `strat` cannot run on a target without hidden rows (the start of a one-line error)."""
+    reads = [d.name for d in strat.drafters if d.reads_hidden]
+    return (f"strategy {name!r} drafts with {', '.join(reads)}, which reads the target's hidden rows, and the "
+            "target does not return them")
+
+
+def check(strat: Strategy, has_draft: bool, has_hidden: bool = False) -> None:
+    """RequestError unless `strat` can run: its step fits one model call, it has its draft, and the
+    target returns hidden rows if a drafter of it reads them."""
     if strat.max_tree_size() > MAX_STEP_TOKENS:
         raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
                            f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
@@ -89,21 +97,25 @@ def check(strat: Strategy, has_draft: bool) -> None:
     if strat.needs_draft and not has_draft:
         raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
                            "add a draft to the config or use --strategy ar / ngram")
+    if strat.reads_hidden and not has_hidden:
+        raise RequestError(f"{hidden_rows_missing(strat.name, strat)}: set target.hidden_rows: true in the config "
+                           "and rebuild the engine folder, or choose another drafter")
 
 
 def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, has_draft: bool = True,
-             **overrides) -> Strategy:
+             has_hidden: bool = False, **overrides) -> Strategy:
     """The strategy a spec names ("staged", "staged:budget=12", or a Strategy object as it is): the
     configured options for it, the spec's overrides, then `overrides`; checked runnable with or
-    without a draft model."""
+    without a draft model, and with or without the target's hidden rows."""
     if isinstance(spec, Strategy):
         strat = spec
     else:
         name, options = resolve(spec, configured or {})
         strat = make_strategy(name, **merged(options, overrides))
-    check(strat, has_draft)
+    check(strat, has_draft, has_hidden)
     return strat
 
 
-__all__ = ["Strategy", "STRATEGIES", "check", "make_strategy", "resolve", "split_spec", "strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative",
-           "Staged", "DySpec", "GSD", "Cascade", "SuffixSpeculative"]
+__all__ = ["Strategy", "STRATEGIES", "check", "hidden_rows_missing", "make_strategy", "resolve",
+           "split_spec", "strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative", "Staged",
+           "DySpec", "GSD", "Cascade", "SuffixSpeculative"]

@@ -60,6 +60,11 @@ class Strategy:
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
 
+    @property
+    def reads_hidden(self) -> bool:
+        """Whether a drafter of it reads the target's hidden rows (the target must return them)."""
+        return any(d.reads_hidden for d in self.drafters)
+
     def drafter_choice(self, drafter: str | list[str], suffix: bool) -> list[str]:
         """The names of the drafters a strategy grows its trees with (drafters/), in the order it asks
         them: `drafter` (a name, a list, or names joined by "+": `suffix+ngram`, as a comma-separated
