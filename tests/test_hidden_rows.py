@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from trtspec.engines.cuda_graphs import GraphedTorchEngine
 from trtspec.engines.onnxruntime_engine import OrtEngine
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.engines.stream import build_graph
@@ -140,11 +141,13 @@ class Echo(Drafter):
         return []
 
 
-def test_a_head_drafter_reads_each_request_s_hidden_rows(monkeypatch):
-    """A target with hidden rows (torch engine): a drafter registered from this file reads each request's
-    rows (DecodeState.hidden: the prompt's last prefilled row, then each accepted path's), alone and
-    with other requests in the batch, under `ngram` and `staged`; its LM head names the root at every
-    step, and every output equals `ar`'s."""
+@pytest.mark.parametrize("graphed", [False, True])
+def test_a_head_drafter_reads_each_request_s_hidden_rows(monkeypatch, graphed):
+    """A target with hidden rows (the torch engine, and its CUDA-graph engine on bucketed static buffers,
+    run eagerly on a CPU): a drafter registered from this file reads each request's rows
+    (DecodeState.hidden: the prompt's last prefilled row, then each accepted path's), alone and with
+    other requests in the batch, under `ngram` and `staged`; its LM head names the root at every step,
+    and every output equals `ar`'s."""
     from conftest import GPU_LIKE, reference_logits
 
     from trtspec.runtime.drafters import DRAFTERS
@@ -155,7 +158,9 @@ def test_a_head_drafter_reads_each_request_s_hidden_rows(monkeypatch):
     monkeypatch.setitem(DRAFTERS, "echo", Echo)
     monkeypatch.setattr(Echo, "head", target.lm_head.weight.detach())
     monkeypatch.setattr(Echo, "seen", [])
-    gen = Generator(TorchEngine(target), TorchEngine(draft), capacity=128, costs=GPU_LIKE)
+    engine = GraphedTorchEngine if graphed else TorchEngine
+    buckets = {"tokens": [1, 4, 8, 16, 32], "cache": [32, 64, 128]} if graphed else None
+    gen = Generator(engine(target, "cpu"), engine(draft, "cpu"), capacity=128, costs=GPU_LIKE, buckets=buckets)
     try:
         prompts = [[3, 17, 99, 250, 401, 7] * 3, [5, 6, 7], [42, 43, 44, 45, 46]]
         refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
@@ -256,7 +261,8 @@ def test_hidden_rows_refused_where_they_cannot_be(tmp_path, monkeypatch, torch_f
 
     refused = [({"draft": {"hidden_rows": True}}, "draft.hidden_rows: true: a head reads the target's rows"),
                ({"target": {"hidden_rows": True}, "backend": "tensorrt"}, "TensorRT plans do not bind"),
-               ({"target": {"hidden_rows": True}, "cuda_graphs": True}, "CUDA graphs do not bind"),
+               ({"target": {"hidden_rows": True}, "backend": "onnxruntime", "device": "cuda", "cuda_graphs": True},
+                "ONNX Runtime's CUDA graphs do not bind"),
                ({"strategies": {"ngram": {"drafter": "echo"}}},
                 "drafts with echo, which reads the target's hidden rows, .* set target.hidden_rows: true")]
     for changes, why in refused:
@@ -264,6 +270,7 @@ def test_hidden_rows_refused_where_they_cannot_be(tmp_path, monkeypatch, torch_f
             config(**changes)
         assert "\n" not in str(e.value)
     config(target={"hidden_rows": True}, strategies={"ngram": {"drafter": "echo"}})
+    config(target={"hidden_rows": True}, device="cuda", cuda_graphs=True)        # torch's graphs bind them
     assert config().digest() == config(target={"hidden_rows": False}).digest() != config(
         target={"hidden_rows": True}).digest()
     gen = load_generator(torch_folder)

@@ -163,10 +163,11 @@ class Config(Strict):
         if self.draft is not None and self.draft.hidden_rows:
             raise ValueError("draft.hidden_rows: true: a head reads the target's rows, not the draft's; move "
                              "hidden_rows to target, or remove it")
-        if self.target.hidden_rows and (self.backend == "tensorrt" or self.cuda_graphs):
-            which = "TensorRT plans" if self.backend == "tensorrt" else "CUDA graphs"
+        ort_graphs = self.backend == "onnxruntime" and self.cuda_graphs and self.device == "cuda"
+        if self.target.hidden_rows and (self.backend == "tensorrt" or ort_graphs):
+            which = "TensorRT plans" if self.backend == "tensorrt" else "ONNX Runtime's CUDA graphs"
             raise ValueError(f"target.hidden_rows: true: {which} do not bind the hidden rows yet; use backend "
-                             "onnxruntime or torch without cuda_graphs, or remove hidden_rows")
+                             "torch (with or without cuda_graphs) or onnxruntime without them, or remove hidden_rows")
         if self.draft is not None and self.draft.head and self.backend == "torch":
             raise ValueError(f"draft.head: {self.draft.head}: a reduced head is built into ONNX graphs; use backend "
                              "onnxruntime (or tensorrt), or remove head")

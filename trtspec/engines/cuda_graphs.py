@@ -1,10 +1,11 @@
 """GraphedTorchEngine: the torch engine with one CUDA graph per bucketed step shape.
 
 With ModelRunner buckets every step has one of a few shapes (B, T, C+T, R). For each shape, made
-lazily on first use: a StagedBucket (static inputs, the batch's past, the new rows, the logits) and
-a function that runs the Decoder on those buffers only. A step copies its inputs and each row's
-past into the bucket, replays, and scatters the new rows into the rows' slots. Warm-up and capture
-run on the staging buffers, never on a live cache row.
+lazily on first use: a StagedBucket (static inputs, the batch's past, the new rows, the logits, and
+the hidden rows of a model that returns them) and a function that runs the Decoder on those
+buffers only. A step copies its inputs and each row's past into the bucket, replays, and scatters
+the new rows into the rows' slots. Warm-up and capture run on the staging buffers, never on a live
+cache row.
 
 Where capture is impossible (no CUDA device, or an op that cannot be captured) the same function
 runs eagerly on the same static buffers and the reason is logged once: the bucket/static-buffer
@@ -19,7 +20,6 @@ from typing import Callable
 import torch
 
 from ..export.model import Decoder
-from ..export.spec import SpecError
 from ..runtime.kv_cache import KVCache
 from .staging import StagedBucket
 from .torch_engine import TorchEngine
@@ -32,9 +32,6 @@ class GraphedTorchEngine(TorchEngine):
     logits_in_own_buffer = True
 
     def __init__(self, model: Decoder, device: str = "cuda", warmup: int = 2):
-        if model.hidden_rows:
-            raise SpecError("a model that returns hidden rows does not run on CUDA graphs yet; use the torch "
-                            "engine without them")
         super().__init__(model, device)
         self.warmup = warmup
         self.graphs: dict[tuple, StagedBucket] = {}
@@ -53,18 +50,21 @@ class GraphedTorchEngine(TorchEngine):
         g.graph()
         g.runs += 1
         g.scatter_new_kv(caches)
+        self.hidden = g.hidden                       # the bucket's own buffer, like the logits
         return g.logits
 
     def _make(self, key: tuple) -> StagedBucket:
         b, t, total, r = key
-        g = StagedBucket.make(self.spec, self.kv_dtype, self.device, b, t, total, r)
+        g = StagedBucket.make(self.spec, self.kv_dtype, self.device, b, t, total, r, hidden=self.hidden_rows)
         x = g.inputs
 
         def body() -> None:
-            logits, new_kv = self.model(x["input_ids"], x["position_ids"], x["attn_mask"], x["logit_rows"],
-                                        list(g.past))
+            logits, new_kv, *hidden = self.model(x["input_ids"], x["position_ids"], x["attn_mask"],
+                                                 x["logit_rows"], list(g.past))
             torch.stack(new_kv, out=g.new_kv)
             g.logits.copy_(logits)
+            if hidden:
+                g.hidden.copy_(hidden[0])
 
         g.graph = body if self.fallback_reason is not None else self._capture(body, key)
         self.graphs[key] = g

@@ -28,18 +28,20 @@ class StagedBucket:
     past: torch.Tensor           # [2L*Hkv, B, C, D]
     new_kv: torch.Tensor         # [2L*Hkv, B, T, D]
     logits: torch.Tensor         # [B, R, V]
+    hidden: torch.Tensor | None = None   # [B, R, hidden_size] float32: a model's hidden rows (contract v4)
     runs: int = 0
     graph: object | None = None
 
     @classmethod
-    def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, b: int, t: int, total: int, r: int
-             ) -> "StagedBucket":
+    def make(cls, spec: ModelSpec, kv_dtype: torch.dtype, device, b: int, t: int, total: int, r: int,
+             hidden: bool = False) -> "StagedBucket":
         z = lambda *shape, dtype=torch.int64: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
         return cls(inputs={"input_ids": z(b, t), "position_ids": z(b, t),
                            "attn_mask": z(b, t, total, dtype=torch.bool), "logit_rows": z(b, r)},
                    past=z(2 * spec.num_layers * spec.num_kv_heads, b, total - t, spec.head_dim, dtype=kv_dtype),
                    new_kv=z(2 * spec.num_layers * spec.num_kv_heads, b, t, spec.head_dim, dtype=kv_dtype),
-                   logits=z(b, r, spec.vocab_size, dtype=torch.float32))
+                   logits=z(b, r, spec.vocab_size, dtype=torch.float32),
+                   hidden=z(b, r, spec.hidden_size, dtype=torch.float32) if hidden else None)
 
     def load(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> None:
         for name, x in zip(INPUTS, (input_ids, position_ids, attn_mask, logit_rows)):

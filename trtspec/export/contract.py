@@ -10,9 +10,9 @@ Version 4 adds the hidden rows (`hidden`, [B, R, hidden_size] float32, after eve
 last layer's rows that the LM head reads (after the final norm), for the same `logit_rows`: what a
 drafting head (EAGLE, Medusa, MTP) reads from the target. They are optional: a build asks for them
 with `target.hidden_rows: true` (`Decoder.hidden_rows`), and a graph without them is a version 3
-graph, so `verify` runs v3 folders as they are (READS). The ONNX Runtime (CPU) and torch engines
-bind them (`Engine.hidden`); ONNX Runtime's CUDA engine, the CUDA-graph torch engine and TensorRT
-plans do not yet, and the config refuses them there.
+graph, so `verify` runs v3 folders as they are (READS). The ONNX Runtime engine and the torch
+engines (the CUDA-graph one in its buckets' own buffers) bind them (`Engine.hidden`); ONNX
+Runtime's CUDA-graph engine and TensorRT plans do not yet, and the config refuses them there.
 
 GRAPH_REVISION numbers changes inside the graph that keep its I/O (engine folders of an older
 revision still run, more slowly): 2 = attention reads each layer's past where it lies (revision 1
