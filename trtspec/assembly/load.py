@@ -164,4 +164,4 @@ def uses_auto(cfg: Config) -> bool:
     """Whether any strategy of the config (its default or one configured) sizes its trees per step."""
     from ..runtime.strategies import strategy
     names = {cfg.strategy, *cfg.strategies}
-    return any(strategy(n, cfg.strategies).auto_nodes() is not None for n in names)
+    return any(strategy(n, cfg.strategies, has_hidden=cfg.target.hidden_rows).auto_nodes() is not None for n in names)
