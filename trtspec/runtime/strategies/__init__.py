@@ -1,9 +1,10 @@
 """Decoding strategies, by name: the registry. Each file holds one strategy (a proposer, see base.py);
 adding one is its file plus one line in STRATEGIES.
 
-`strategy(spec, configured, has_draft)` is the one place a strategy spec becomes a checked strategy
-object, for the CLI, the server, `Generator` and loading alike: "staged:budget=12" is the name, the
-config's options for it, then the overrides, made (options checked) and checked runnable.
+`strategy(spec, configured, has_draft, has_hidden)` is the one place a strategy spec becomes a
+checked strategy object, for the CLI, the server, `Generator` and loading alike: "staged:budget=12"
+is the name, the config's options for it, then the overrides, made (options checked) and checked
+runnable (with its draft, and the target's hidden rows if a drafter of it reads them).
 """
 from __future__ import annotations
 
