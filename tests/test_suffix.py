@@ -20,9 +20,9 @@ from hypothesis import strategies as hst
 from trtspec.runtime.budget import Acceptance, Values
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
 from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
-from trtspec.runtime.strategies.staged import MIX_MATCH, Offered
+from trtspec.runtime.strategies.staged import Offered
 from trtspec.runtime.drafters import Candidate, SuffixDrafter
-from trtspec.runtime.drafters.suffix import CARRY
+from trtspec.runtime.drafters.suffix import CARRY, MIX_MATCH
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 

@@ -163,7 +163,7 @@ def run(engines_dir, config_path, prompt, prompt_file, strategy, max_new_tokens,
     log = functools.partial(click.echo, err=True)
     opened, cfg = _settle(engines_dir, config_path, backend)
     name = strategy or cfg.strategy
-    strat = make(name, cfg.strategies, has_draft=cfg.draft is not None, has_hidden=cfg.target.hidden_rows)
+    strat = make(name, cfg.strategies, **cfg.runs_with())
     check_capacity(1, max_new_tokens or 1, strat, cfg.max_seq_len)
 
     folder, opened = _engines(engines_dir, opened, cfg, log)
@@ -482,7 +482,7 @@ def serve(engines_dir, config_path, host, port, max_batch, max_queue, api_key, m
     if name not in allowed:
         raise click.UsageError(f"the default strategy {name!r} is not in --allow-strategies {','.join(allowed)}")
     for s in dict.fromkeys((name, *allowed)):
-        make(s, cfg.strategies, has_draft=cfg.draft is not None, has_hidden=cfg.target.hidden_rows)
+        make(s, cfg.strategies, **cfg.runs_with())
     on_ray = replicas is not None or min_replicas is not None or max_replicas is not None or ray_address is not None
     if on_ray:
         if min_replicas is not None and max_replicas is not None and min_replicas > max_replicas:

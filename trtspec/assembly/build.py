@@ -7,6 +7,7 @@
     DIR/{target,draft}/model.{dtype}.ort.onnx  ONNX Runtime-optimized graph
     DIR/{target,draft}/model.fp32-{int4,int8,gguf}[.ort].onnx  the same, weight-only (`quantize:`)
     DIR/{target,draft}/model.{dtype}.plan    TensorRT plan (backend tensorrt: needs TensorRT and a GPU)
+    DIR/NAME/head.safetensors        a head role (`heads:`; export/head.py), checked against the target
 
 What is built follows the backend asked for, and the folder holds the weights once: torch writes
 weights.safetensors only; onnxruntime writes the ORT-optimized graph only (the plain ONNX it was
@@ -202,9 +203,14 @@ def _build(cfg: Config, out: Path, backend: str, log) -> dict:
 
     models = {}
     stop_ids: set[int] = set()
+    heads = {}
+    if cfg.heads:                   # first: a head that does not fit the target is refused before minutes of work
+        target = open_source(cfg.target, "target").spec
+        heads = {name: _build_head(out, name, head, target, log) for name, head in cfg.heads.items()}
     with _ahead(cfg, roles, want_onnx, log) as ahead:
         for role, entry in roles:
             models[role], stop_ids = _build_role(cfg, out, backend, role, entry, tok, want_onnx, ahead, stop_ids)
+    models.update(heads)
     return {
         "config": cfg.with_backend(backend).to_dict(),
         "backend": backend,
@@ -294,6 +300,18 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
     del weights
     release_memory(collect=True)
     return info, stop_ids
+
+
+def _build_head(out: Path, name: str, entry, target, log) -> dict:
+    """A head role's file in `out`/NAME, checked against the target it reads (export/head.py): its
+    manifest entry. Every backend runs it in torch (a few small products per step)."""
+    from ..export.head import read_head
+    spec, state = read_head(entry.model, target.hidden_size, target.vocab_size, entry.kind)
+    (out / name).mkdir()
+    save_file(state, str(out / name / "head.safetensors"))
+    log(f"{name}: a {spec.kind} head of depth {spec.depth} over {spec.rows} tokens, from {entry.model}")
+    return {"kind": "head", "source": entry.model, "reads": "target", "spec": spec.to_dict(), "dtype": "fp32",
+            "artifacts": {"weights": f"{name}/head.safetensors"}}
 
 
 def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: ModelEntry, info: dict,

@@ -37,7 +37,7 @@ DEFAULT_CONFIG = "qwen2.5-coder-1.5b"
 MIN_OPSET, MAX_OPSET = 18, 23
 
 Dtype = Literal["fp32", "fp16", "bf16"]
-__all__ = ["CONFIGS_DIR", "Config", "ConfigError", "ModelEntry", "BuildOptions", "load_config"]
+__all__ = ["CONFIGS_DIR", "Config", "ConfigError", "HeadEntry", "ModelEntry", "BuildOptions", "load_config"]
 
 
 class TinyOptions(Strict):
@@ -94,6 +94,17 @@ class ModelEntry(Strict):
         return DTYPES[self.dtype]
 
 
+class HeadEntry(Strict):
+    """A head role (export/head.py): its own weights, reading the target's hidden rows."""
+    # A head file (safetensors), relative to the config; the folder keeps its own copy (a file changed
+    # under the same path is not a new config: rebuild with --force).
+    model: Annotated[str, Field(min_length=1)]
+    kind: Literal["medusa"] = "medusa"
+
+
+RESERVED = ("target", "draft", "tokenizer")          # names a head role cannot take (other roles, folders)
+
+
 class BuildOptions(Strict):
     onnx_dtypes: Annotated[list[Dtype], Field(min_length=1)] = Field(default_factory=lambda: ["fp32"])
     opset: Annotated[int, Field(ge=MIN_OPSET, le=MAX_OPSET)] = 18
@@ -116,6 +127,9 @@ class Config(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]   # names the cache folder
     target: ModelEntry
     draft: ModelEntry | None = None
+    # Head roles by name (drafters that read the target's hidden rows: a `medusa` drafter asks the
+    # `kind: medusa` one); each is built into the folder as NAME/head.safetensors.
+    heads: dict[Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")], HeadEntry] = Field(default_factory=dict)
     backend: str = "torch"                          # a name in assembly/backends.py
     device: Literal["cpu", "cuda"] = "cpu"          # torch backend
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
@@ -137,6 +151,11 @@ class Config(Strict):
     def _short_entry(cls, v: Any) -> Any:
         return {"model": v} if isinstance(v, str) else v
 
+    @field_validator("heads", mode="before")
+    @classmethod
+    def _short_heads(cls, v: Any) -> Any:
+        return {k: {"model": h} if isinstance(h, str) else h for k, h in v.items()} if isinstance(v, dict) else v
+
     @field_validator("strategies", mode="before")
     @classmethod
     def _strategies_none(cls, v: Any) -> Any:
@@ -152,7 +171,7 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
-        from ..runtime.strategies import STRATEGIES, hidden_rows_missing, make_strategy
+        from ..runtime.strategies import STRATEGIES, heads_missing, hidden_rows_missing, make_strategy
         from .backends import check
         why = check(self)                              # the backend's own rules (quantize, dtypes, buckets)
         if why:
@@ -163,6 +182,7 @@ class Config(Strict):
         if self.draft is not None and self.draft.hidden_rows:
             raise ValueError("draft.hidden_rows: true: a head reads the target's rows, not the draft's; move "
                              "hidden_rows to target, or remove it")
+        self._check_heads()
         ort_graphs = self.backend == "onnxruntime" and self.cuda_graphs and self.device == "cuda"
         if self.target.hidden_rows and (self.backend == "tensorrt" or ort_graphs):
             which = "TensorRT plans" if self.backend == "tensorrt" else "ONNX Runtime's CUDA graphs"
@@ -187,6 +207,8 @@ class Config(Strict):
             strat = make_strategy(name, **opts)        # raises ConfigError naming strategies.NAME.KEY
             if strat.reads_hidden and not self.target.hidden_rows:
                 raise ValueError(hidden_rows_missing(name, strat) + ": set target.hidden_rows: true and rebuild")
+            if why := heads_missing(name, strat, {h.kind for h in self.heads.values()}):
+                raise ValueError(why)
             if strat.needs_draft and self.draft is None and name == self.strategy:
                 raise ValueError(f"strategy {name!r} needs a draft model: add `draft:` or choose ar / ngram")
             if strat.max_tree_size() > MAX_STEP_TOKENS:
@@ -199,6 +221,28 @@ class Config(Strict):
                                  f"sequence, more than max_seq_len {self.max_seq_len}; lower its budget / "
                                  "max_budget or raise max_seq_len")
         return self
+
+    def runs_with(self) -> dict:
+        """What a strategy of this config runs with: strategies.strategy's keywords (a draft or none,
+        the target's hidden rows or none, the kinds of head role)."""
+        return {"has_draft": self.draft is not None, "has_hidden": self.target.hidden_rows,
+                "heads": {h.kind for h in self.heads.values()}}
+
+    def _check_heads(self) -> None:
+        """Head roles: named apart from the other roles, one per kind, reading a target with hidden
+        rows; their files resolved relative to the config file."""
+        kinds = [h.kind for h in self.heads.values()]
+        for name, head in self.heads.items():
+            if name in RESERVED:
+                raise ValueError(f"heads.{name}: {name!r} names another part of an engine folder; name the head "
+                                 f"otherwise (not {', '.join(RESERVED)})")
+            if kinds.count(head.kind) > 1:
+                raise ValueError(f"heads: two heads of kind {head.kind}; a drafter asks its kind's one: keep one")
+            if not self.target.hidden_rows:
+                raise ValueError(f"heads.{name}: a head reads the target's hidden rows; set target.hidden_rows: "
+                                 "true, or remove the head")
+            if self.source and not Path(head.model).is_absolute():
+                head.model = str((Path(self.source).parent / head.model).resolve())
 
     @classmethod
     def from_dict(cls, d: Any, source: str = "") -> "Config":
@@ -222,6 +266,8 @@ class Config(Strict):
     def digest(self) -> str:
         """Identifies what a build of this config produces (the engine cache key)."""
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
+        if not keep.get("heads"):
+            keep.pop("heads", None)                   # as folders built before head roles
         for k in ("device", "cuda_graphs", "buckets", "slots", "prefix_cache"):   # runtime choices, not build inputs
             keep.pop(k, None)
         from .backends import BACKENDS         # torch quantizes at load; onnxruntime builds it into the graph
@@ -239,7 +285,8 @@ def _allowed_keys(parent: tuple) -> list[str]:
     model: type = Config
     for part in parent:
         model = {"target": ModelEntry, "draft": ModelEntry, "tiny": TinyOptions, "build": BuildOptions,
-                 "buckets": Buckets}.get(str(part), model)
+                 "buckets": Buckets}.get(str(part), HeadEntry if model is Config and part not in Config.model_fields
+                                         else model)
     return [k for k in model.model_fields if k != "source"]
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from ..engines.manifest import EngineError, verify
+from ..engines.manifest import EngineError, is_head, verify
+from ..export.head import load_head
 from ..export.model import Decoder
 from ..export.spec import DTYPES, ModelSpec
 from ..runtime.costs import COSTS_FILE
@@ -58,7 +59,7 @@ def open_folder(folder: str | Path, backend: str | None = None, config: Config |
     cfg = cfg.with_backend(backend)              # the backend's own config rules, checked again
     check_runnable(cfg)
     for role, info in manifest["models"].items():
-        if not set(BACKENDS[backend].artifacts) & set(info["artifacts"]):
+        if not is_head(info) and not set(BACKENDS[backend].artifacts) & set(info["artifacts"]):
             built = manifest.get("backend", cfg.backend)
             raise EngineError(f"{folder} was built for {built} and has no {backend} artifacts for the {role}; "
                               f"run it with --backend {built}, or rebuild: trtspec build --config "
@@ -95,16 +96,23 @@ def measure_costs(folder: str | Path, threads: int | None = None, backend: str |
         torch.set_num_threads(threads)
     target = load_role(folder, "target", manifest, cfg, backend, threads)
     draft = load_role(folder, "draft", manifest, cfg, backend, threads) if "draft" in manifest["models"] else None
+    heads = load_heads(folder, manifest, cfg.device)
     log(f"measuring step costs on this machine ({backend}, {threads or 'default'} threads) for budget: auto")
     try:
         costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.buckets.model_dump(),
-                        progress=True, key=costs_key(cfg, backend, threads))
+                        progress=True, key=costs_key(cfg, backend, threads), heads=heads)
     finally:
         for engine in (target, draft):
             if engine is not None:
                 engine.close()
     costs.save(folder / COSTS_FILE)
     return costs
+
+
+def load_heads(folder: Path, manifest: dict, device: str) -> dict:
+    """The folder's head roles, by name (export/head.py): run by torch on `device` whatever the backend."""
+    return {role: load_head(info["spec"], Path(folder) / info["artifacts"]["weights"], device)
+            for role, info in manifest["models"].items() if is_head(info)}
 
 
 def load_tokenizer(folder: str | Path, manifest: dict):
@@ -141,11 +149,12 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
         torch.set_num_threads(threads)
     target = load_role(folder, "target", manifest, cfg, backend, threads)
     draft = load_role(folder, "draft", manifest, cfg, backend, threads) if "draft" in manifest["models"] else None
+    heads = load_heads(folder, manifest, cfg.device)
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
                     buckets=cfg.buckets.model_dump(), slots=slots, max_queue=max_queue, owns_engines=True,
-                    prefix_cache=prefix_cache)
+                    prefix_cache=prefix_cache, heads=heads)
     gen.config = cfg
     gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
     if uses_auto(cfg):
@@ -156,12 +165,14 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
 def costs_key(cfg: Config, backend: str, threads: int) -> dict:
     """What a step-cost table must have been measured for to serve this run (runtime/costs.py)."""
     from ..runtime.costs import run_key
+    heads = {"heads": sorted(h.kind for h in cfg.heads.values())} if cfg.heads else {}    # (keys stored before heads)
     return run_key(threads or 0, backend, cfg.draft is not None, device=cfg.device, cuda_graphs=cfg.cuda_graphs,
-                   draft_quantize=cfg.draft.quantize if cfg.draft else None, buckets=cfg.buckets.model_dump())
+                   draft_quantize=cfg.draft.quantize if cfg.draft else None, buckets=cfg.buckets.model_dump(), **heads)
 
 
 def uses_auto(cfg: Config) -> bool:
     """Whether any strategy of the config (its default or one configured) sizes its trees per step."""
     from ..runtime.strategies import strategy
     names = {cfg.strategy, *cfg.strategies}
-    return any(strategy(n, cfg.strategies, has_hidden=cfg.target.hidden_rows).auto_nodes() is not None for n in names)
+    runs = {**cfg.runs_with(), "has_draft": True}      # a configured strategy may need a draft the default does not
+    return any(strategy(n, cfg.strategies, **runs).auto_nodes() is not None for n in names)

@@ -1,11 +1,12 @@
 """Will an engine folder fit in this machine's memory with `slots` KV slots? Asked before loading.
 
 What a Generator holds, per model role: its weights (the folder's files for that role, which is what
-the backend loads), its KV pool `[L, 2, slots, capacity + headroom, Hkv, D]`, and, with more than one
-slot, the batch staging copy of the rows' pasts (runtime/kv_cache.BatchStaging: up to the pool's
-size again). `fit` compares their sum with the memory the kernel says is available (MemAvailable,
-or a cgroup's limit if lower) and refuses in one line with the bytes, and the largest `slots` and
-`max_seq_len` that would fit, rather than a raw allocator error or the OOM killer later.
+the backend loads; a head role has weights only), its KV pool `[L, 2, slots, capacity + headroom,
+Hkv, D]`, and, with more than one slot, the batch staging copy of the rows' pasts
+(runtime/kv_cache.BatchStaging: up to the pool's size again). `fit` compares their sum with the
+memory the kernel says is available (MemAvailable, or a cgroup's limit if lower) and refuses in one
+line with the bytes, and the largest `slots` and `max_seq_len` that would fit, rather than a raw
+allocator error or the OOM killer later.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engines.manifest import EngineError
+from ..engines.manifest import EngineError, is_head
 from ..export.spec import DTYPES, ModelSpec
 from ..runtime.batch import MAX_BATCH_TOKENS
 
@@ -42,11 +43,13 @@ class Need:
 def need(folder: Path, manifest: dict, capacity: int, slots: int, stored: int = 0) -> Need:
     weights, row_bytes = {}, {}
     for role, info in manifest["models"].items():
+        weights[role] = sum(f["bytes"] for rel, f in manifest.get("files", {}).items() if rel.startswith(f"{role}/"))
+        if is_head(info):                      # no KV cache
+            continue
         spec = ModelSpec.from_dict(info["spec"])
         elt = DTYPES[info["dtype"]].itemsize if not info.get("quantize") else 4   # quantized graphs keep fp32 KV
         elt = 8 if info.get("attention") == "fp64" else elt                        # ... or fp64 (exact attention)
         row_bytes[role] = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * elt
-        weights[role] = sum(f["bytes"] for rel, f in manifest.get("files", {}).items() if rel.startswith(f"{role}/"))
     return Need(weights, row_bytes, capacity + MAX_BATCH_TOKENS, slots, stored)
 
 

@@ -89,20 +89,30 @@ class _Manifest(BaseModel):
     graph_revision: int = 1
     backend: Literal["torch", "onnxruntime", "tensorrt"] | None = None
     files: dict[str, _File]
-    models: dict[Literal["target", "draft"], _Model]
+    models: dict[str, _Model]          # roles: target, draft, and head roles (kind: head)
     config: dict
     tokenizer: str
     stop_ids: list[int] = []
 
 
+def is_head(info: dict) -> bool:
+    """Whether a manifest's model entry is a head role (export/head.py): no KV cache, run by torch on
+    every backend."""
+    return info.get("kind") == "head"
+
+
 def _check_shape(manifest: dict, path: Path, fix: str) -> None:
     """EngineError unless the manifest has the fields and types the loaders read (a hand-edited or
     corrupted one must fail here, in one line, not as a KeyError deep in loading)."""
+    from ..export.head import HeadSpec
     from ..export.spec import ModelSpec
     try:
         m = _Manifest.model_validate(manifest)
         if "target" not in m.models:
             raise ValueError("models has no target")
+        for role, model in m.models.items():
+            if (role in ("target", "draft")) == (getattr(model, "kind", None) == "head"):
+                raise ValueError(f"model {role!r} is neither the target, the draft nor a head")
         for rel in list(m.files) + [a for model in m.models.values() for a in model.artifacts.values()] + [m.tokenizer]:
             if Path(rel).is_absolute() or ".." in Path(rel).parts:
                 raise ValueError(f"path {rel!r} leaves the folder")
@@ -110,7 +120,7 @@ def _check_shape(manifest: dict, path: Path, fix: str) -> None:
             missing = [a for a in model.artifacts.values() if a not in m.files]
             if missing:
                 raise ValueError(f"artifact {missing[0]} is not among the hashed files")
-            ModelSpec.from_dict(model.spec)
+            (HeadSpec if getattr(model, "kind", None) == "head" else ModelSpec).from_dict(model.spec)
     except (ValidationError, ValueError, TypeError, KeyError) as e:
         why = " ".join(str(e).split())[:300]
         raise EngineError(f"{path} is malformed ({why}); {fix}") from None

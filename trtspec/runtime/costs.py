@@ -1,4 +1,5 @@
-"""Measured step costs: how long one target / draft forward over N new tokens takes after C cached.
+"""Measured step costs: how long one target / draft forward over N new tokens takes after C cached
+(and one forward of each head role over N rows).
 
 The adaptive budget (budget/auto.py) sizes every step's tree from these numbers, so they are measured
 on the machine that runs, with the engines and threads that run:
@@ -106,6 +107,8 @@ class CostModel:
     # batched forwards: role -> {B: table over T tokens per row}; none measured = a batch costs what
     # one row over all its B x T tokens costs
     rows: dict[str, dict[int, CostTable]] = field(default_factory=dict)
+    # head roles by kind: seconds of one head forward over N rows (`tokens`; no cache: cached [0])
+    heads: dict[str, CostTable] = field(default_factory=dict)
     # forward() by (role, B, T, C): the policy asks for the same few shapes dozens of times a step
     _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -133,7 +136,8 @@ class CostModel:
     def to_dict(self) -> dict:
         return {"format": FORMAT, "meta": self.meta, "target": self.target.to_dict(),
                 "draft": self.draft.to_dict() if self.draft else None,
-                "rows": {role: {str(b): t.to_dict() for b, t in tables.items()} for role, tables in self.rows.items()}}
+                "rows": {role: {str(b): t.to_dict() for b, t in tables.items()} for role, tables in self.rows.items()},
+                **({"heads": {kind: t.to_dict() for kind, t in self.heads.items()}} if self.heads else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostModel":
@@ -142,7 +146,9 @@ class CostModel:
         rows = {role: {int(b): CostTable(**t) for b, t in tables.items()} for role, tables in (d.get("rows") or {}).items()}
         if any(role not in ("target", "draft") or any(b < 2 for b in t) for role, t in rows.items()):
             raise ValueError("rows are batched tables of 2 or more rows, per role")
-        return cls(CostTable(**d["target"]), CostTable(**d["draft"]) if d.get("draft") else None, d.get("meta", {}), rows)
+        heads = {str(kind): CostTable(**t) for kind, t in (d.get("heads") or {}).items()}
+        draft = CostTable(**d["draft"]) if d.get("draft") else None
+        return cls(CostTable(**d["target"]), draft, d.get("meta", {}), rows, heads)
 
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")    # replicas sharing a folder may store at once
@@ -164,6 +170,9 @@ class CostModel:
                 for c, row in zip(rt.cached, rt.seconds):
                     cells = "  ".join(f"{n}:{s * 1e3:.1f}" for n, s in zip(rt.tokens, row))
                     out.append(f"  {role:6s} C={c:<5d} B={b} rows, T per row:ms  {cells}")
+        for kind, t in self.heads.items():
+            cells = "  ".join(f"{n}:{s * 1e3:.2f}" for n, s in zip(t.tokens, t.seconds[0]))
+            out.append(f"  {kind} head, one forward over N rows:ms  {cells}")
         return out
 
 
@@ -278,6 +287,21 @@ def measure_rows(engine, tokens: list[int], cached: list[int], rows: tuple[int, 
     return out
 
 
+def measure_head(head, repeats: int = 3, rows: tuple[int, ...] = ROWS) -> CostTable:
+    """One head forward (its top-k, as heads.run_heads asks) over 1 and `rows` rows: min over `repeats`."""
+    from .heads import TOP_K
+    x = torch.randn(max(rows), head.spec.hidden_size, generator=torch.Generator().manual_seed(0)).to(head.device)
+    ns, seconds = [1, *rows], []
+    for n in ns:
+        times = []
+        for _ in range(repeats + 1):                 # the first: warm-up
+            t0 = time.perf_counter()
+            head.top(x[:n], TOP_K)[0].cpu()           # what the phase reads back
+            times.append(time.perf_counter() - t0)
+        seconds.append(max(min(times[1:]), 1e-6))
+    return CostTable(ns, [0], [seconds])
+
+
 def run_key(threads: int = 0, backend: str = "", has_draft: bool = True, **runtime) -> dict:
     """What a table describes: this machine, threads, backend, whether a draft exists, the batch rows
     measured, and the runtime choices that change step times (device, cuda_graphs, draft_quantize,
@@ -287,8 +311,9 @@ def run_key(threads: int = 0, backend: str = "", has_draft: bool = True, **runti
 
 
 def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend: str = "", repeats: int = 3,
-            buckets: dict | None = None, progress: bool = False, key: dict | None = None) -> CostModel:
-    """Time the engines over the grid (each on a one-slot pool of its own)."""
+            buckets: dict | None = None, progress: bool = False, key: dict | None = None,
+            heads: dict | None = None) -> CostModel:
+    """Time the engines over the grid (each on a one-slot pool of its own), and each head role (by kind)."""
     from tqdm import tqdm
 
     tokens, cached = grid(capacity)
@@ -306,7 +331,8 @@ def measure(target, draft=None, capacity: int = 1024, threads: int = 0, backend:
     meta = {"measured": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": threads,
             "backend": backend, "machine": machine(), "repeats": repeats, "statistic": "min",
             "key": key or run_key(threads, backend, draft is not None)}
-    return CostModel(tables["target"], tables.get("draft"), meta, rows)
+    return CostModel(tables["target"], tables.get("draft"), meta, rows,
+                     {h.spec.kind: measure_head(h, repeats) for h in (heads or {}).values()})
 
 
 def load(folder: Path) -> CostModel | None:
@@ -322,7 +348,7 @@ def fits(costs: CostModel | None, key: dict) -> bool:
 
 
 def load_or_measure(folder: Path, target, draft, capacity: int, key: dict, buckets: dict | None = None,
-                    log=None) -> CostModel:
+                    log=None, heads: dict | None = None) -> CostModel:
     """The folder's stored costs if they describe this run (`key`), else measured now and stored."""
     costs = load(folder)
     if fits(costs, key):
@@ -331,7 +357,8 @@ def load_or_measure(folder: Path, target, draft, capacity: int, key: dict, bucke
     log(f"measuring step costs for budget: auto ({'none stored' if costs is None else 'stored ones are for another run'}"
         f"; stored in {Path(folder) / COSTS_FILE})")
     t0 = time.perf_counter()
-    costs = measure(target, draft, capacity, key["threads"], key["backend"], buckets=buckets, progress=True, key=key)
+    costs = measure(target, draft, capacity, key["threads"], key["backend"], buckets=buckets, progress=True, key=key,
+                    heads=heads)
     costs.meta["seconds"] = round(time.perf_counter() - t0, 1)
     try:
         costs.save(Path(folder) / COSTS_FILE)

@@ -53,6 +53,7 @@ class DecodeState:
     # the last accepted path (or the prompt's last prefilled token), the last of them the row whose
     # logits chose the root: what a drafting head reads. None otherwise.
     hidden: torch.Tensor | None = None
+    heads: dict = field(default_factory=dict)   # the generator's head roles, by kind (shared: read only)
 
     @property
     def root(self) -> int:

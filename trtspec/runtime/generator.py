@@ -45,7 +45,7 @@ class Generator:
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
                  slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None,
-                 owns_engines: bool = False, prefix_cache: int | None = None):
+                 owns_engines: bool = False, prefix_cache: int | None = None, heads: dict | None = None):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
@@ -56,10 +56,14 @@ class Generator:
             self.batchers["draft"] = Batcher(draft, buckets, max_batch=slots, capacity=capacity)
         pools = {role: b.engine.new_pool(slots, capacity + b.headroom) for role, b in self.batchers.items()}
         vocab = target.spec.vocab_size
+        # Head roles (export/head.py): stateless, shared by every slot, asked by kind by the drafters
+        # that read them; their forwards are batched per phase (heads.py). No KV: nothing in the pools.
+        self.heads = dict(heads or {})
+        kinds = {h.spec.kind: h for h in self.heads.values()}
         self.slots = [Slot(i, ModelRunner(self.batchers["target"], pools["target"].caches[i]),
                            ModelRunner(self.batchers["draft"], pools["draft"].caches[i], vocab=vocab)
                            if draft is not None else None,
-                           np.zeros(capacity, dtype=np.int64))
+                           np.zeros(capacity, dtype=np.int64), kinds)
                       for i in range(slots)]
         self.pools = pools
         # Prefix caching: `prefix_cache` prompt tokens per model kept across requests (default: one
@@ -84,17 +88,19 @@ class Generator:
         with self._costs_lock:
             if self.costs is None and self.costs_folder is not None:
                 self.costs = load_or_measure(self.costs_folder, self.target_engine, self.draft_engine, self.capacity,
-                                             self.costs_key, self._buckets)
+                                             self.costs_key, self._buckets, heads=self.heads)
             elif self.costs is None:
-                self.costs = measure(self.target_engine, self.draft_engine, self.capacity, buckets=self._buckets)
+                self.costs = measure(self.target_engine, self.draft_engine, self.capacity, buckets=self._buckets,
+                                     heads=self.heads)
             return self.costs
 
     def strategy(self, name: str | Strategy, **overrides) -> Strategy:
         """A strategy object: `name` with the config's options, overrides written "staged:budget=12" and
-        `overrides` (strategies.strategy: checked runnable with this generator's draft or none, and its
-        target's hidden rows or none)."""
+        `overrides` (strategies.strategy: checked runnable with this generator's draft or none, its
+        target's hidden rows or none, and its heads)."""
         return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None,
-                        has_hidden=self.target_engine.hidden_rows, **overrides)
+                        has_hidden=self.target_engine.hidden_rows,
+                        heads={h.spec.kind for h in self.heads.values()}, **overrides)
 
     def request(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                 sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,

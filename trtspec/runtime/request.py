@@ -59,6 +59,7 @@ class Slot:
     target: ModelRunner
     draft: ModelRunner | None
     seq: np.ndarray                      # token buffer: prompt + output
+    heads: dict = field(default_factory=dict)   # the generator's head roles by kind (shared, stateless)
 
     def reset(self) -> None:
         for r in (self.target, self.draft):
@@ -187,7 +188,7 @@ class Request:
         rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
         st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
                          record_trees=self.record_trees, budget=budget, values=values, prompt_len=len(self.prompt),
-                         stop_ids=self.stop_ids, grammar=self.grammar)
+                         stop_ids=self.stop_ids, grammar=self.grammar, heads=slot.heads)
         self.state = st
         st.append(list(self.prompt))
         self.t0 = time.perf_counter()

@@ -23,6 +23,7 @@ import torch
 from ..options import MAX_STEP_TOKENS, PREFILL_CHUNK
 from . import verify
 from .batch import Batcher, Call
+from .heads import HeadCall, run_heads
 from .kv_cache import KVCache
 from .tree import TokenTree
 from .verify import Check
@@ -35,8 +36,8 @@ class Read:
     batcher = None                                  # not a model call
 
 
-Calls = Coroutine["Call | Read | Check", "torch.Tensor | list", object]     # what a coroutine of model calls looks like
-HOST = (Read, Check)                               # what a coroutine waits on that is not a model call
+Calls = Coroutine["Call | Read | Check | HeadCall", "torch.Tensor | list", object]   # a coroutine of model calls
+HOST = (Read, Check, HeadCall)                     # what a coroutine waits on that is not a step with KV
 
 
 def read(tensor: torch.Tensor) -> Calls:
@@ -45,13 +46,16 @@ def read(tensor: torch.Tensor) -> Calls:
     return (yield Read(tensor))
 
 
-def read_together(reads: list[Read | Check]) -> list[list]:
-    """Every Read's values, and every Check's choice (chosen together: verify.choose_together), with
-    one host transfer: flattened, joined as float64 where they are (one device sync), split back,
-    integer tensors' values as ints."""
+def read_together(reads: list[Read | Check | HeadCall]) -> list[list]:
+    """Every Read's values, every Check's choice (chosen together: verify.choose_together) and every
+    HeadCall's answer (one forward per head: heads.run_heads), with one host transfer: flattened,
+    joined as float64 where they are (one device sync), split back, integer tensors' values as ints."""
     checks = [r for r in reads if isinstance(r, Check)]
     chosen = iter(verify.choose_together(checks) if checks else ())   # (looked up here: tools wrap it)
-    flat = [(next(chosen) if isinstance(r, Check) else r.tensor).reshape(-1) for r in reads]
+    heads = [r for r in reads if isinstance(r, HeadCall)]
+    answered = iter(run_heads(heads) if heads else ())
+    flat = [(next(chosen) if isinstance(r, Check) else next(answered) if isinstance(r, HeadCall) else r.tensor
+             ).reshape(-1) for r in reads]
     host = torch.cat([x.to(torch.float64) for x in flat]).tolist() if flat else []
     out, i = [], 0
     for x in flat:

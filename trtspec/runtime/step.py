@@ -1,6 +1,7 @@
 """The step: one decoding step of one request, the same for every strategy.
 
-    propose (the strategy; when the budget's ar gate says no draft forward pays, only what the
+    prepare (what the strategy's drafters need from a head, asked with the batch's other requests')
+    -> propose (the strategy; when the budget's ar gate says no draft forward pays, only what the
     strategy can propose for free: a suffix tree, or the root alone, a plain ar step)
     -> the grammar's masks over the tree, nodes it forbids pruned, tokens it forces added (grammar.py;
     with a grammar only)
@@ -33,6 +34,7 @@ def step(st: DecodeState, strategy) -> Calls:
     """One step of one request; returns the emitted tokens."""
     t0 = time.perf_counter()
     behind = st.n_tokens - st.draft.cache.length if st.draft is not None else 0     # the draft catches up
+    yield from strategy.prepare(st)                  # a head's forward, batched with the phase's (heads.py)
     if st.budget.begin(st.target.cache.length, behind):
         proposal = yield from strategy.propose(st)
     else:

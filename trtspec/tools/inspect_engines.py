@@ -21,7 +21,7 @@ import torch
 from ..assembly.backends import LoadOptions
 from ..assembly.config import Config
 from ..assembly.load import load_engine, torch_model
-from ..engines.manifest import verify
+from ..engines.manifest import is_head, verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
 from ..engines.torch_engine import TorchEngine
 from ..runtime.runner import ModelRunner, drive
@@ -37,8 +37,13 @@ def describe(folder: Path) -> list[str]:
              "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
     for role, info in m["models"].items():
         s = info["spec"]
-        lines.append(f"{role}: {info['source']} · {s['arch']} {s['num_layers']} layers, hidden {s['hidden_size']}, "
-                     f"heads {s['num_heads']}/{s['num_kv_heads']}, vocab {s['vocab_size']} · {info['dtype']}")
+        if is_head(info):
+            lines.append(f"{role}: {info['source']} · a {s['kind']} head role: {s['depth']} tokens ahead, from the "
+                         f"target's {s['hidden_size']}-wide hidden rows, over {s['rows']} tokens · {info['dtype']}")
+        else:
+            lines.append(f"{role}: {info['source']} · {s['arch']} {s['num_layers']} layers, hidden "
+                         f"{s['hidden_size']}, heads {s['num_heads']}/{s['num_kv_heads']}, vocab {s['vocab_size']} · "
+                         f"{info['dtype']}")
         for name, rel in info["artifacts"].items():
             size = sum(m["files"][f]["bytes"] for f in (rel, rel + ".data") if f in m["files"]) / 2**20
             lines.append(f"  {name:<10} {rel} ({size:.1f} MiB{' with its .data' if rel + '.data' in m['files'] else ''})")

@@ -1,18 +1,20 @@
 """Drafters, by name: the registry. Each file holds one drafter (a part that proposes candidates at
-no model call, see base.py); adding one is its file plus one line in DRAFTERS. Strategies name the
-drafters they grow trees with (`drafter: NAME`, or a list of names), and the step's `sources` report
-counts each one's nodes under its name.
+no model call, or from a head role's forward; see base.py); adding one is its file plus one line in
+DRAFTERS. Strategies name the drafters they grow trees with (`drafter: NAME`, or a list of names),
+and the step's `sources` report counts each one's nodes under its name.
 """
 from __future__ import annotations
 
 from ...errors import ConfigError
 from .base import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
+from .medusa import Medusa
 from .ngram import NGram
 from .suffix import SuffixDrafter
 
 DRAFTERS: dict[str, type[Drafter]] = {
     "ngram": NGram,
     "suffix": SuffixDrafter,
+    "medusa": Medusa,
 }
 
 
@@ -23,5 +25,5 @@ def make_drafter(name: str, where: str, /, **options) -> Drafter:
     return DRAFTERS[name](**options)
 
 
-__all__ = ["Candidate", "DRAFTERS", "Drafter", "NGram", "SuffixDrafter", "as_tree", "first_chain", "make_drafter",
-           "merged", "offer_stats", "offers", "together"]
+__all__ = ["Candidate", "DRAFTERS", "Drafter", "Medusa", "NGram", "SuffixDrafter", "as_tree", "first_chain",
+           "make_drafter", "merged", "offer_stats", "offers", "together"]

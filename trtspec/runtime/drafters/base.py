@@ -12,6 +12,9 @@ request's Values and budget, and hands the tree to the shared step. A drafter on
   calibrated apart from every other drafter's (Values, by the drafter's `tag`); an unscored one
   proposes chains only.
 - `finished(st, prompt, output)`: a request ended normally: what the drafter may learn from it.
+- `prepare(st)`: before each step's proposal, a coroutine that may ask a model role for what the
+  step's candidates need (a head's forward over the target's last hidden row, heads.ask: run with
+  the phase's other requests' in one batched forward); most drafters need nothing.
 
 A strategy takes a list of drafters (`drafter: [suffix, ngram]`), as llama.cpp chains its
 speculators: a chain is the first drafter's that is not empty (`first_chain`), and the scored
@@ -33,6 +36,7 @@ import numpy as np
 from ..budget import Round
 from ..decode import DecodeState
 from ..proposal import DRAFT, Proposal, tag
+from ..runner import Calls
 from ..tree import TokenTree
 
 
@@ -48,6 +52,8 @@ class Drafter:
     name = "base"
     scored = False       # `candidates` gives scored trees (else chains only)
     reads_hidden = False  # it reads `st.hidden`, the target's hidden rows (a head: target.hidden_rows)
+    reads_head: str | None = None   # the kind of head role it asks (`heads:` in the config; st.heads)
+    mix_match = 0         # a scored drafter's candidates join a draft model's tree after a match this long
 
     def __init__(self, scope: str = "default") -> None:
         self.scope = scope            # what a drafter that learns across requests shares them by
@@ -62,6 +68,11 @@ class Drafter:
 
     def candidates(self, st: DecodeState, cap: int) -> tuple[int, list[Candidate]]:
         return 0, []
+
+    def prepare(self, st: DecodeState) -> Calls:
+        """What this step's candidates need from a model role, asked before the proposal (a coroutine)."""
+        return
+        yield                                       # noqa: unreachable: a coroutine with no call
 
     def finished(self, st: DecodeState, prompt: list[int], output: list[int]) -> None:
         pass

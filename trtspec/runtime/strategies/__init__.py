@@ -88,9 +88,20 @@ def hidden_rows_missing(name: str, strat: Strategy) -> str:
             "target does not return them")
 
 
-def check(strat: Strategy, has_draft: bool, has_hidden: bool = False) -> None:
-    """RequestError unless `strat` can run: its step fits one model call, it has its draft, and the
-    target returns hidden rows if a drafter of it reads them."""
+def heads_missing(name: str, strat: Strategy, kinds) -> str | None:
+    """Why `strat` cannot run without more head roles than those of `kinds` (one line), or None."""
+    missing = sorted(strat.reads_heads - set(kinds))
+    if not missing:
+        return None
+    return (f"strategy {name!r} drafts with a {missing[0]} head and there is none: add heads: {{NAME: {{model: "
+            f"FILE, kind: {missing[0]}}}}} to the config (with target.hidden_rows: true) and rebuild, or choose "
+            "another drafter")
+
+
+def check(strat: Strategy, has_draft: bool, has_hidden: bool = False, heads=()) -> None:
+    """RequestError unless `strat` can run: its step fits one model call, it has its draft, the
+    target returns hidden rows if a drafter of it reads them, and the heads it asks are there (`heads`:
+    the kinds of head role loaded)."""
     if strat.max_tree_size() > MAX_STEP_TOKENS:
         raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
                            f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
@@ -101,22 +112,24 @@ def check(strat: Strategy, has_draft: bool, has_hidden: bool = False) -> None:
     if strat.reads_hidden and not has_hidden:
         raise RequestError(f"{hidden_rows_missing(strat.name, strat)}: set target.hidden_rows: true in the config "
                            "and rebuild the engine folder, or choose another drafter")
+    if why := heads_missing(strat.name, strat, heads):
+        raise RequestError(why)
 
 
 def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, has_draft: bool = True,
-             has_hidden: bool = False, **overrides) -> Strategy:
+             has_hidden: bool = False, heads=(), **overrides) -> Strategy:
     """The strategy a spec names ("staged", "staged:budget=12", or a Strategy object as it is): the
     configured options for it, the spec's overrides, then `overrides`; checked runnable with or
-    without a draft model, and with or without the target's hidden rows."""
+    without a draft model, with or without the target's hidden rows, and with the kinds of head `heads`."""
     if isinstance(spec, Strategy):
         strat = spec
     else:
         name, options = resolve(spec, configured or {})
         strat = make_strategy(name, **merged(options, overrides))
-    check(strat, has_draft, has_hidden)
+    check(strat, has_draft, has_hidden, heads)
     return strat
 
 
-__all__ = ["Strategy", "STRATEGIES", "check", "hidden_rows_missing", "make_strategy", "resolve",
+__all__ = ["Strategy", "STRATEGIES", "check", "heads_missing", "hidden_rows_missing", "make_strategy", "resolve",
            "split_spec", "strategy", "Autoregressive", "ChainSpeculative", "NGramSpeculative", "Staged",
            "DySpec", "GSD", "Cascade", "SuffixSpeculative"]

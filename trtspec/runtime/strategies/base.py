@@ -60,6 +60,16 @@ class Strategy:
         return Proposal.root(st.root)
         yield                                       # noqa: unreachable: makes this a coroutine
 
+    def prepare(self, st: DecodeState) -> Calls:
+        """Before each step's proposal: what its drafters need from a model role (Drafter.prepare)."""
+        for d in self.drafters:
+            yield from d.prepare(st)
+
+    @property
+    def reads_heads(self) -> set[str]:
+        """The kinds of head role its drafters ask (the folder must have them: `heads:`)."""
+        return {d.reads_head for d in self.drafters if d.reads_head}
+
     @property
     def reads_hidden(self) -> bool:
         """Whether a drafter of it reads the target's hidden rows (the target must return them)."""

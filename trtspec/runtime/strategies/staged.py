@@ -46,13 +46,6 @@ from ..runner import Calls
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
-# In a tree the draft grows, a scored drafter's candidates stand beside its own only after a match of
-# at least this many tokens. After a 1-2 token match the suffix tries' most frequent continuation was
-# the next token 19-47% of the time on code edits (drafters/suffix.py, MATCH_DOUBT); on HumanEval the n-gram staged's
-# draft nodes were accepted 72% of the time, and mixed trees' suffix candidates took their slots
-# (131 of 419 accepted, 0.94x the n-gram staged's speed). Whether a step is a suffix tree alone (no
-# draft forward) still weighs every candidate.
-MIX_MATCH = 3
 
 
 class Staged(Strategy):
@@ -95,7 +88,7 @@ class Staged(Strategy):
         draft = DraftChildren(self.min_prob)
         draft.push(heap, order, tree, 0, 1.0)
         for d, matched, cands in offered:          # the draft's tree: no short-match guesses in it
-            if matched >= MIX_MATCH:
+            if matched >= d.mix_match:
                 Offered(d, cands, self.min_prob).push(heap, order)
         added = 0
         for rnd in range(self.max_rounds):
