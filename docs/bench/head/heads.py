@@ -14,6 +14,7 @@ deliverable 3's trained head; issue 40's drafts at a tenth of a step), not a pro
     python heads.py collect FOLDER rows.pt --tokens 30000
     python heads.py train FOLDER rows.pt heads.pt --heads 2 --epochs 4
     python heads.py draft FOLDER rows.pt        # the draft model's agreement on the same held-out files
+    python heads.py export FOLDER heads.pt medusa.safetensors   # a head file for `heads:` (export/head.py)
 """
 from __future__ import annotations
 
@@ -199,6 +200,21 @@ def draft_agreement(folder: str, rows_path: str) -> dict:
     return out
 
 
+def export(folder: str, heads_path: str, out: str) -> None:
+    """The trained heads as a head role's file (export/head.py): their blocks, the target's LM head
+    rows they were trained under, and those rows' token ids."""
+    from safetensors.torch import save_file
+    saved = torch.load(heads_path)
+    head_w, keep, _ = lm_head(folder)
+    assert torch.equal(keep, saved["keep"]), "the folder's head vocabulary is not the one the heads were trained on"
+    state = {"lm_head.weight": head_w, "ids": keep.long()}
+    for k in range(1, len(saved["heads"]) + 1):
+        lin = saved["heads"][f"head{k}"]
+        state[f"blocks.{k - 1}.weight"], state[f"blocks.{k - 1}.bias"] = lin["lin.weight"], lin["lin.bias"]
+    save_file({k: v.contiguous() for k, v in state.items()}, out)
+    print(f"{out}: {len(saved['heads'])} heads over {len(keep)} tokens")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -216,10 +232,16 @@ if __name__ == "__main__":
     d = sub.add_parser("draft")
     d.add_argument("folder")
     d.add_argument("rows")
+    e = sub.add_parser("export")
+    e.add_argument("folder")
+    e.add_argument("heads")
+    e.add_argument("out")
     a = p.parse_args()
     if a.cmd == "collect":
         collect(a.folder, a.out, a.tokens)
     elif a.cmd == "train":
         train(a.folder, a.rows, a.out, a.heads, a.epochs, a.lr)
+    elif a.cmd == "export":
+        export(a.folder, a.heads, a.out)
     else:
         draft_agreement(a.folder, a.rows)
