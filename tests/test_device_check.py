@@ -2,8 +2,9 @@
 section runs and reports, and what it measures on CPU holds: fixed step shapes with fp64 attention
 give a tree row exactly the logits of the same path fed one token per forward (plain shapes do
 not), every strategy equals `ar` alone and batched, sampled requests batched equal themselves alone,
-graph-bucket runs equal eager ones, sampled `staged` passes its chi-square, and forced acceptance
-keeps every output equal to `ar`'s."""
+graph-bucket runs equal eager ones, sampled `staged` passes its chi-square, a target with hidden
+rows and a head role (eager and graph buckets) keeps the medusa drafter's outputs equal to `ar`'s,
+and forced acceptance keeps every output equal to `ar`'s."""
 from __future__ import annotations
 
 import json
@@ -55,6 +56,13 @@ def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(rep
                 assert r["graphs_equal_eager"] is True
     chi = report[0]["sections"]["exact"]["result"]["chi_square"]
     assert chi["passes"] and chi["samples"] == 150
+    head = report[0]["sections"]["exact"]["result"]["head"]              # hidden rows and a head role
+    assert set(head) == {"fixed-fp64", "fixed-fp64+graphs"}
+    for r in head.values():
+        named, steps = map(int, r["root_named"].split(" of "))
+        assert r["strategies_differ"] == [] and r["checked"] == 4 and r["batch4_differ"] == 0, r
+        assert named == steps > 10, r                           # exact on the CPU: the head names every root
+    assert "Hidden rows and a Medusa head role" in report[1]
 
 
 def test_forced_acceptance_keeps_every_output_equal_to_ar(report):

@@ -7,7 +7,11 @@ architectures, and for each setting, eager and as CUDA graphs:
 - `batch`: B in 1, 2, 4, 8 requests of mixed strategies at once, each against its own `ar`;
 - `sampled_batch`: 8 sampled requests at once (verified in one batched walk), each against itself alone;
 - `graphs_equal_eager`: the CUDA-graph run's tokens against the eager run's, strategy by strategy;
-- `chi_square`: the first token of sampled `staged` against the target's own distribution.
+- `chi_square`: the first token of sampled `staged` against the target's own distribution;
+- `head`: a target that returns its hidden rows (step contract v4), eager and captured as CUDA graphs
+  under `fixed-fp64`, with a Medusa head role on the device (zero blocks under the target's own LM
+  head: after each step it names the root): the `medusa` drafter's strategies against `ar`, alone and
+  4 at once (their head forwards joined), and how often the head named the root.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import time
 import torch
 
 from ...engines.torch_engine import TorchEngine
+from ...export.head import HeadSpec, MedusaHead
 from ...export.tiny import tiny_pair, tiny_spec
 from ...options import MAX_STEP_TOKENS
 from ...runtime.generator import Generator
@@ -87,6 +92,8 @@ def exact(device: str, tiny: bool, deadline: float, trees: int | None = None) ->
         del target, draft
     if time.monotonic() < deadline:
         out["chi_square"] = chi_square(device, tiny, z)
+    if time.monotonic() < deadline:
+        out["head"] = head_check(device, tiny, z)
     return out
 
 
@@ -160,3 +167,49 @@ def chi_square(device: str, tiny: bool, z: dict) -> dict:
             eng.close()
     pvalue = chisquare_p(counts, p)
     return {"samples": z["samples"], "p_value": pvalue, "passes": pvalue > 1e-3}
+
+
+HEAD_STRATEGIES = ("ngram:drafter=medusa:k=3", "staged:budget=15:drafter=medusa+ngram")
+
+
+def head_check(device: str, tiny: bool, z: dict) -> dict:
+    """The hidden rows and a head role on the device: the target's step returns its rows (eager, and
+    each CUDA-graph bucket's own buffer), a zero-block Medusa head reads the last accepted row (h +
+    SiLU(0) = h under the target's own LM head: the root, after each step), and the `medusa`
+    drafter's strategies equal `ar`, alone and 4 requests at once."""
+    target, draft = pair("llama", tiny, device)
+    target.hidden_rows = True
+    h = target.spec.hidden_size
+    state = {f"blocks.{k}.{p}": torch.zeros((h, h) if p == "weight" else (h,)) for k in range(3)
+             for p in ("weight", "bias")}
+    state["lm_head.weight"] = target.lm_head.weight.detach().float().cpu()
+    head = MedusaHead(HeadSpec("medusa", h, 3, target.spec.vocab_size), state).to(device)
+    ps = prompts(target.spec.vocab_size, z["prompts"])
+    capacity = max(z["prompts"]) + z["tokens"] + MAX_STEP_TOKENS
+    out: dict = {}
+    with S.matmul_flags("fixed-fp64"):
+        for graphs in (False, True):
+            eng = S.engine(target, "fixed-fp64", device, graphs)
+            gen = Generator(eng, TorchEngine(draft, device), capacity=capacity, slots=8,
+                            buckets=S.buckets("fixed-fp64", capacity), heads={"medusa": head})
+            try:
+                refs = [gen.generate(p, strategy="ar", max_new_tokens=z["tokens"]).token_ids for p in ps]
+                wrong, named, steps = [], 0, 0
+                for s in HEAD_STRATEGIES:
+                    for i, p in enumerate(ps):
+                        r = gen.generate(p, strategy=s, max_new_tokens=z["tokens"], record_trees=True)
+                        wrong += [f"{s} on prompt {i}"] if r.token_ids != refs[i] else []
+                        if s.startswith("ngram"):        # its chain's first node, after the prompt's step
+                            trees = [st.extra["tree"] for st in r.steps[1:]]
+                            named += sum(t["tokens"][1] == t["tokens"][0] for t in trees if len(t["tokens"]) > 1)
+                            steps += len(trees)
+                jobs = [(ps[i % len(ps)], HEAD_STRATEGIES[i % 2], refs[i % len(ps)]) for i in range(4)]
+                handles = [gen.submit(p, strategy=s, max_new_tokens=z["tokens"]) for p, s, _ in jobs]
+                batch = sum(hd.result(timeout=600).token_ids != ref for hd, (_, _, ref) in zip(handles, jobs))
+                out["fixed-fp64" + ("+graphs" if graphs else "")] = {
+                    "strategies_differ": wrong, "checked": len(HEAD_STRATEGIES) * len(ps), "batch4_differ": batch,
+                    "root_named": f"{named} of {steps}"}
+            finally:
+                gen.close()
+                eng.close()
+    return out

@@ -50,6 +50,12 @@ def _exact(e: dict, _res) -> list[str]:
     if c := e.get("chi_square"):
         out += ["", f"Sampled `staged` (fixed): first token over {c['samples']} samples vs the target's "
                 f"distribution, chi-square p = {c['p_value']:.3g} — {'passes' if c['passes'] else 'FAILS'} (p > 0.001)."]
+    if h := e.get("head"):
+        out += ["", "Hidden rows and a Medusa head role (llama, fixed-fp64; the head: zero blocks under the "
+                "target's LM head, so after a step it names the root):", "",
+                "| run | medusa strategies ≠ ar | 4 at once ≠ ar | the head named the root |", "|---|---|---|---|"]
+        out += [f"| {name} | {len(r['strategies_differ'])} of {r['checked']} | {r['batch4_differ']} of 4 | "
+                f"{r['root_named']} steps |" for name, r in h.items()]
     return out
 
 
