@@ -241,3 +241,25 @@ def test_head_roles_refused_where_they_cannot_be(tmp_path):
     with pytest.raises(SpecError, match=r"blocks.0.weight is \[8, 8\], the target's hidden size 64"):
         build_engines(config(heads={"medusa": head}), tmp_path / "out", backend="torch", **QUIET)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out.partial-*"))
+
+
+def test_the_budget_charges_a_head_s_forward_in_every_rate():
+    """A head's forward is made every step its strategy runs (before the plan), so the budget puts it
+    in both sides: a tree's rate and the batch's ar rate. A costly head makes more nodes pay (its
+    forward is paid anyway), and a strategy without a head is priced as before."""
+    from conftest import CPU_LIKE
+
+    from trtspec.runtime.budget import AutoBudget, Round
+    from trtspec.runtime.costs import CostModel, CostTable
+    known = [0.3, 0.02, 0.015, 0.01, 0.01, 0.01, 0.01]
+    taken = {}
+    for h in (0.0, 1.0):
+        costs = CostModel(CPU_LIKE.target, CPU_LIKE.draft, heads={"medusa": CostTable([1, 8], [0], [[h, h]])})
+        for heads in ((), ("medusa",)):
+            b = AutoBudget(costs, 32, heads=heads)
+            b.begin(64)
+            one = CPU_LIKE.target(1, 64) + (h if heads else 0.0)
+            assert b.costs.all_ar_rate() == pytest.approx(1 / one)
+            assert b.costs.rate(0.5, 1, 0.0) == pytest.approx(1.5 / (CPU_LIKE.target(2, 64) + (h if heads else 0.0)))
+            taken[h, bool(heads)] = b.plan(Round(known=known, free=True)).take
+    assert taken[0.0, False] == taken[0.0, True] == taken[1.0, False] == 1 and taken[1.0, True] == len(known)

@@ -184,7 +184,8 @@ class Request:
         """Prefill, then strategy steps until a stop token or max_new_tokens (runs in its slot)."""
         slot, strat = self.slot, self.strategy
         slot.reset()
-        budget, values = make_budget(strat.auto_nodes(), self.costs, self.batch, self.id, self.max_new_tokens)
+        budget, values = make_budget(strat.auto_nodes(), self.costs, self.batch, self.id, self.max_new_tokens,
+                                     strat.reads_heads)
         rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
         st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
                          record_trees=self.record_trees, budget=budget, values=values, prompt_len=len(self.prompt),

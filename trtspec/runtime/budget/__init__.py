@@ -62,14 +62,15 @@ class FixedBudget:
 
 
 def make_budget(auto_nodes: int | None, costs: CostModel | None, batch: BatchView | None = None,
-                request: int = 0, left: int | None = None) -> tuple[Budget, Values]:
+                request: int = 0, left: int | None = None, heads=()) -> tuple[Budget, Values]:
     """A request's budget and the Values its proposers score candidates with (the budget calibrates
     them): AutoBudget for a strategy with `budget: auto` (its cap `auto_nodes`) when step costs are
-    known, else the strategy's fixed numbers. `left`: the most tokens the request will emit."""
+    known, else the strategy's fixed numbers. `left`: the most tokens the request will emit; `heads`:
+    the kinds of head role its drafters ask (their forwards are in every step's cost)."""
     if auto_nodes is None or costs is None:
         return FixedBudget(), Values(calibrated=False)
     values = Values()
-    return AutoBudget(costs, auto_nodes, batch, request, left, values), values
+    return AutoBudget(costs, auto_nodes, batch, request, left, values, heads), values
 
 
 __all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "Plan", "Round", "Values",

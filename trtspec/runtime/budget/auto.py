@@ -51,12 +51,12 @@ class AutoBudget:
     adaptive = True
 
     def __init__(self, costs: CostModel, max_nodes: int, batch: BatchView | None = None, request: int = 0,
-                 left: int | None = None, values: Values | None = None):
+                 left: int | None = None, values: Values | None = None, heads=()):
         self.max_nodes = max_nodes
         self.left = left                    # tokens this request may still emit (None: unbounded)
         self.catch_up_s = 0.0               # this step: the draft's catch-up forward, if it must make one
         self.free_gain = 1.0                # running gain over ar of this request's steps with no draft forward
-        self.costs = BatchCosts(costs, batch or BatchView(), request)
+        self.costs = BatchCosts(costs, batch or BatchView(), request, heads)   # heads: the kinds its drafters ask
         self.gate = ArGate()
         self.values = values or Values()
         self.last_expected = 1.0            # expected emitted tokens of this request's last step

@@ -42,9 +42,10 @@ class BatchView:
 class BatchCosts:
     """Step costs as request `request` sees them in its batch, after `cached` committed tokens."""
 
-    def __init__(self, costs: CostModel, batch: BatchView, request: int):
+    def __init__(self, costs: CostModel, batch: BatchView, request: int, heads=()):
         self.model, self.batch, self.request = costs, batch, request
         self.cached = 0
+        self.heads = [costs.heads[k] for k in sorted(heads) if k in costs.heads]   # the head roles it asks
 
     def others(self) -> tuple[list[int], float]:
         """The neighbours' tokens in the last target forward, and their expected emitted tokens."""
@@ -84,11 +85,16 @@ class BatchCosts:
 
     def rate(self, expected: float, nodes: int, draft_s: float) -> float:
         """The batch's tokens per second with this request's tree (`nodes`, `expected` accepted)."""
-        return (self.others()[1] + 1 + expected) / max(draft_s + self.verify_s(nodes), 1e-9)
+        return (self.others()[1] + 1 + expected) / max(draft_s + self.verify_s(nodes) + self.heads_s(), 1e-9)
+
+    def heads_s(self) -> float:
+        """The forward of each head role the request asks, over the batch's rows: made every step, a
+        tree or not (its drafter's `prepare` runs before the plan), so it is in every rate."""
+        return sum(t(self.rows()) for t in self.heads) if self.heads else 0.0
 
     def all_ar_s(self) -> float:
-        """The batch's target forward if every request in it took an ar step."""
-        return self.padded("target", [1] * self.rows())
+        """The batch's target forward if every request in it took an ar step (and its head forwards)."""
+        return self.padded("target", [1] * self.rows()) + self.heads_s()
 
     def all_ar_rate(self) -> float:
         """The batch's rate if every request in it took an ar step: what drafting must beat. (Against

@@ -1,17 +1,18 @@
-"""Medusa (`medusa`): candidates from a Medusa head role (export/head.py), which reads the target's hidden rows.
+"""Medusa (`medusa`): candidates from a Medusa head role (export/head.py) reading the target's hidden rows.
 
 Before each step (`prepare`) the head reads the last of `st.hidden`, the row whose logits chose the
 root, in one forward with the phase's other requests' rows (heads.ask); head k's top-k are its
-guesses of the token k places after the root. `candidates` grows the tree best-first by the product
-of their probabilities, each depth's guesses under every node of the depth above (Medusa's tree),
-valued by the request's Values under its own tag (calibrated apart from the draft's). `chain` is the
-heads' top-1 path, after the root or after a context that follows it. Deterministic proposals:
-verified with q = one-hot, lossless whatever the head proposes.
+guesses of the token k places after the root. `candidates` grows the tree best-first, each depth's
+guesses under every node of the depth above (Medusa's tree), a node valued by the request's Values
+from its parent's value and its probability, under the drafter's own tag (calibrated apart from the
+draft's). `chain` is the heads' top-1 path, after the root or after a context that follows it.
+Deterministic proposals: verified with q = one-hot, lossless whatever the head proposes.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
+
 import numpy as np
 
 from ...errors import RequestError
