@@ -6,6 +6,8 @@ the target's (sampled); a head that does not fit the target, or a drafter withou
 refused in one line."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -208,6 +210,16 @@ def test_a_build_with_a_head_role(backend, tmp_path):
     finally:
         gen.close()
     assert set(load(folder).heads) == {"medusa"}                # measured with the folder's costs
+    if backend == "torch":                                      # the command line runs it (and refuses a typo)
+        from click.testing import CliRunner
+
+        from trtspec.cli import main
+        run = ["run", "--engines", str(folder), "--prompt", "x = 1", "--max-new-tokens", "8", "--json"]
+        res = CliRunner().invoke(main, run + ["--strategy", "staged:drafter=medusa"])
+        assert res.exit_code == 0, res.output
+        assert len(json.loads(res.output.strip().splitlines()[-1])["token_ids"]) == 8
+        res = CliRunner().invoke(main, run + ["--strategy", "staged:drafter=medusae"])
+        assert res.exit_code != 0 and "unknown drafter; choose one of: ngram, suffix, medusa" in res.output
 
 
 def test_head_roles_refused_where_they_cannot_be(tmp_path):
