@@ -34,9 +34,7 @@ def head_state(hidden: int, lm: torch.Tensor, depth: int = 3, seed: int | None =
 
 
 def medusa(state: dict) -> MedusaHead:
-    depth = sum(k.endswith(".weight") and k.startswith("blocks.") for k in state)
-    hidden = state["lm_head.weight"].shape[1]
-    return MedusaHead(HeadSpec("medusa", hidden, depth, state["lm_head.weight"].shape[0]), state)
+    return MedusaHead(HeadSpec.of(state), state)
 
 
 def test_a_medusa_head_is_its_formula():
@@ -85,7 +83,7 @@ def hidden_pair():
     spec = tiny_spec(arch="llama")
     target, draft = tiny_pair(spec, seed=0)
     target.hidden_rows = True
-    return target, draft, medusa(head_state(spec.hidden_size, target.lm_head.weight))
+    return target, draft, MedusaHead.echo(target.lm_head.weight)
 
 
 def test_the_head_s_forwards_are_batched_across_requests(hidden_pair, monkeypatch):
@@ -129,18 +127,14 @@ def test_medusa_sampled_first_two_tokens_are_the_target_s(hidden_pair):
     from test_sampling_exact import PASS_P, T1, exact_first_two, fit, reference_probs, sample_first
 
     pair = make_pair("llama", vocab_size=16, num_layers=2, seed=0, noise=0.3)
-    head = medusa(head_state(pair.spec.hidden_size, pair.target.lm_head.weight))
-    prompt = None                       # one whose root the head guesses with target probability in [0.2, 0.8]
-    for x in range(16):
-        for y in range(16):
-            guess = int(reference_logits(pair.target, [x, y])[-1].argmax())
-            p = reference_probs(reference_logits(pair.target, [x, y, y])[-1], T1)[guess]
-            if 0.2 <= p <= 0.8:
-                prompt = [x, y, y]
-                break
-        if prompt:
-            break
-    assert prompt is not None
+    head = MedusaHead.echo(pair.target.lm_head.weight)
+
+    def guessed(x: int, y: int) -> float:   # the target's probability of the root the head names after [x, y]
+        guess = int(reference_logits(pair.target, [x, y])[-1].argmax())
+        return reference_probs(reference_logits(pair.target, [x, y, y])[-1], T1)[guess]
+
+    prompt = next(([x, y, y] for x in range(16) for y in range(16) if 0.2 <= guessed(x, y) <= 0.8), None)
+    assert prompt is not None           # its drafts are accepted and rejected often
     joint = exact_first_two(pair.target, prompt, T1)
     pair.target.hidden_rows = True      # (the reference forwards above return logits and KV only)
     gen = Generator(TorchEngine(pair.target), TorchEngine(pair.draft), capacity=64, heads={"medusa": head})

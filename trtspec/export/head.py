@@ -33,6 +33,13 @@ class HeadSpec:
         return asdict(self)
 
     @classmethod
+    def of(cls, state: dict[str, torch.Tensor], kind: str = "medusa") -> "HeadSpec":
+        """The spec of a head file's tensors (its blocks, its LM head's rows and width)."""
+        depth = sum(1 for k in state if k.startswith("blocks.") and k.endswith(".weight"))
+        rows, hidden = state["lm_head.weight"].shape
+        return cls(kind, hidden, depth, rows)
+
+    @classmethod
     def from_dict(cls, d: dict) -> "HeadSpec":
         spec = cls(**d)
         if spec.kind not in KINDS or min(spec.hidden_size, spec.depth, spec.rows) < 1:
@@ -57,6 +64,17 @@ class MedusaHead(torch.nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm.device
+
+    @classmethod
+    def echo(cls, lm: torch.Tensor, depth: int = 3) -> "MedusaHead":
+        """Zero blocks under `lm` (h + SiLU(0) = h): every head names the LM head's argmax of the row,
+        i.e. the root after a step, with the target's own LM head: a plumbing check (tests, the
+        device check), never a drafter that pays."""
+        h = lm.shape[1]
+        state = {f"blocks.{k}.{p}": torch.zeros((h, h) if p == "weight" else (h,)) for k in range(depth)
+                 for p in ("weight", "bias")}
+        state["lm_head.weight"] = lm.detach().float().cpu()
+        return cls(HeadSpec.of(state), state)
 
     @torch.no_grad()
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
@@ -108,7 +126,7 @@ def read_head(path: str | Path, hidden_size: int, vocab_size: int, kind: str = "
     if extra:
         raise SpecError(f"head {path}: unexpected tensor {extra[0]}; {fix}")
     state = {k: (v.long() if k == "ids" else v.float()) for k, v in state.items()}
-    return HeadSpec(kind, hidden_size, depth, lm.shape[0]), state
+    return HeadSpec.of(state, kind), state
 
 
 def load_head(spec: dict, path: str | Path, device: str = "cpu") -> MedusaHead:

@@ -59,7 +59,7 @@ class Generator:
         # Head roles (export/head.py): stateless, shared by every slot, asked by kind by the drafters
         # that read them; their forwards are batched per phase (heads.py). No KV: nothing in the pools.
         self.heads = dict(heads or {})
-        kinds = {h.spec.kind: h for h in self.heads.values()}
+        self.head_kinds = kinds = {h.spec.kind: h for h in self.heads.values()}
         self.slots = [Slot(i, ModelRunner(self.batchers["target"], pools["target"].caches[i]),
                            ModelRunner(self.batchers["draft"], pools["draft"].caches[i], vocab=vocab)
                            if draft is not None else None,
@@ -100,7 +100,7 @@ class Generator:
         target's hidden rows or none, and its heads)."""
         return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None,
                         has_hidden=self.target_engine.hidden_rows,
-                        heads={h.spec.kind for h in self.heads.values()}, **overrides)
+                        heads=set(self.head_kinds), **overrides)
 
     def request(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                 sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,

@@ -15,7 +15,6 @@ import itertools
 
 import numpy as np
 
-from ...errors import RequestError
 from ..decode import DecodeState
 from ..heads import TOP_K, ask
 from ..runner import Calls
@@ -37,9 +36,7 @@ class Medusa(Drafter):
         st.strategy_state.pop(self.name, None)
         if st.hidden is None:
             return
-        head = st.heads.get(self.reads_head)
-        if head is None:
-            raise RequestError("the medusa drafter needs a medusa head role, and this generator has none")
+        head = st.heads[self.reads_head]            # there: strategies.check refuses a strategy without it
         probs, toks = yield from ask(head, st.hidden[-1:], self.top_k)
         st.strategy_state[self.name] = (st.n_tokens, probs[0], toks[0])
 

@@ -20,7 +20,7 @@ import time
 import torch
 
 from ...engines.torch_engine import TorchEngine
-from ...export.head import HeadSpec, MedusaHead
+from ...export.head import MedusaHead
 from ...export.tiny import tiny_pair, tiny_spec
 from ...options import MAX_STEP_TOKENS
 from ...runtime.generator import Generator
@@ -179,11 +179,7 @@ def head_check(device: str, tiny: bool, z: dict) -> dict:
     drafter's strategies equal `ar`, alone and 4 requests at once."""
     target, draft = pair("llama", tiny, device)
     target.hidden_rows = True
-    h = target.spec.hidden_size
-    state = {f"blocks.{k}.{p}": torch.zeros((h, h) if p == "weight" else (h,)) for k in range(3)
-             for p in ("weight", "bias")}
-    state["lm_head.weight"] = target.lm_head.weight.detach().float().cpu()
-    head = MedusaHead(HeadSpec("medusa", h, 3, target.spec.vocab_size), state).to(device)
+    head = MedusaHead.echo(target.lm_head.weight).to(device)
     ps = prompts(target.spec.vocab_size, z["prompts"])
     capacity = max(z["prompts"]) + z["tokens"] + MAX_STEP_TOKENS
     out: dict = {}
