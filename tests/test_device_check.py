@@ -14,6 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from trtspec.tools.device_check.__main__ import main
+from trtspec.tools.device_check.exact import RUNS
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +27,9 @@ def report(tmp_path_factory):
 
 def test_every_section_ran_and_is_reported(report):
     res, md, out = report
-    assert list(res["sections"]) == ["machine", "exact", "costs", "e2e"]
+    assert list(res["sections"]) == ["machine", "exact", "costs", "profile", "e2e"]
     assert all("result" in s for s in res["sections"].values()), res["sections"]
-    for head in ("## machine", "## exact", "## costs", "## e2e", "Goals (target, B = 1)"):
+    for head in ("## machine", "## exact", "## costs", "## profile", "## e2e", "Goals (target, B = 1)"):
         assert head in md
     m = res["sections"]["machine"]["result"]
     assert m["copy_gb_per_s"] > 0 and m["matmul_tflop_per_s"] > 0
@@ -37,15 +38,24 @@ def test_every_section_ran_and_is_reported(report):
     from trtspec.tools.bench import read_costs
     plan = read_costs(str(out / "device_costs.json"))         # what `bench --plan-costs` plans with
     assert plan.target.tokens == [1, 2, 4] and plan.target.cached == [16, 64] and set(plan.rows["target"]) == {2}
+    prof = res["sections"]["profile"]["result"]                  # where a step's time goes, op by op
+    assert [s["shape"] for s in prof["shapes"]] == [{"B": 1, "T": 1, "C": 64}, {"B": 2, "T": 1, "C": 64}]
+    for s in prof["shapes"]:
+        assert s["step_ms"] > 0 and s["kernels_per_step"] > 20 and s["top"], s
+        assert s["groups"]["matmul"]["kernels"] >= 2 * prof["layers"] and s["groups"]["other"]["kernels"] > 0
 
 
 def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(report):
     archs = report[0]["sections"]["exact"]["result"]["archs"]
     assert set(archs) == {"llama", "qwen2"}
-    for runs in archs.values():
+    for arch, runs in archs.items():
+        assert tuple(n for n in runs if n != "model") == RUNS[arch]
         for name in ("fixed-fp64", "fixed-fp64+graphs"):
             assert runs[name]["trees"]["differ"] == 0 and runs[name]["trees"]["nodes"] > 50, runs[name]["trees"]
         assert runs["plain"]["trees"]["differ"] > 0          # the check can fail: shapes as they come differ
+        for name in RUNS[arch][1:]:                           # a target row: the same in any batch
+            assert all(d == 0 for d, _ in runs[name]["batch_rows"]["target"].values()), runs[name]["batch_rows"]
+        assert all(d > 0 for d, _ in runs["plain"]["batch_rows"]["target"].values())   # (and it can fail)
         for name, r in runs.items():
             if name == "model":
                 continue

@@ -134,7 +134,7 @@ def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, 
     longest = max(17, min(longest, cfg.max_seq_len - 24))
     engine = load_engine(folder, role, info, m["backend"], LoadOptions(threads=cfg.threads))
     try:
-        differ, nodes, worst = count_differences(engine, info["spec"]["vocab_size"], trees, longest, seed,
+        differ, nodes, worst, _ = count_differences(engine, info["spec"]["vocab_size"], trees, longest, seed,
                                                  progress=f"{role}: trees vs one token per forward")
     finally:
         engine.close()
@@ -148,10 +148,10 @@ TREE_ROOM = 24       # rows a sweep's cache holds beyond its longest cached leng
 
 def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 0,
                       progress: str | None = None, buckets: dict | None = None,
-                      until: float | None = None) -> tuple[int, int, float]:
+                      until: float | None = None) -> tuple[int, int, float, int]:
     """Exactness at scale: `trees` random trees (2-16 nodes) at random cached lengths (16 to
     `longest`), each node's logits against the same path fed one token per forward, compared bit
-    for bit; returns (nodes that differ, nodes, largest |Δlogit|). One long random prompt is
+    for bit; returns (nodes that differ, nodes, largest |Δlogit|, trees run). One long random prompt is
     prefilled once; trees run from the longest cached length down, so a tree's rows never overwrite
     a later tree's prefix, and paths are replayed depth first, one forward per node. `buckets`: the
     Batcher's (padded step shapes; a cache bucket covers `longest + TREE_ROOM`). `until`: a
@@ -168,17 +168,18 @@ def count_differences(engine, vocab: int, trees: int, longest: int, seed: int = 
     plan.sort(key=lambda p: -p[0])
     runner = ModelRunner.alone(engine, capacity=longest + TREE_ROOM, buckets=buckets)
     drive(runner.prefill(torch.randint(0, vocab, (longest,), generator=gen).tolist()))
-    differ = nodes = 0
+    differ = nodes = run = 0
     worst = 0.0
     for length, tree in tqdm(plan, desc=progress, unit="tree", disable=progress is None):
         if until is not None and time.monotonic() > until:
             break
+        run += 1
         runner.cache.rewind(length, 0)
         tree_logits = drive(runner.verify(tree)).float().clone()
         for node, row in _one_token_rows(runner, tree, length):
             d = float((row - tree_logits[node]).abs().max())
             worst, differ, nodes = max(worst, d), differ + (d > 0), nodes + 1
-    return differ, nodes, worst
+    return differ, nodes, worst, run
 
 
 def _one_token_rows(runner: ModelRunner, tree: TokenTree, length: int):

@@ -81,6 +81,18 @@ def costs(device: str, tiny: bool, deadline: float, graphs: bool = True) -> dict
 @torch.inference_mode()
 def one_shape(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device: str, repeats: int,
               graphs: bool) -> dict:
+    step, replay, error = steps(model, past, b, t, c, device, graphs)
+    row = {"eager_ms": round(1e3 * median(step, device, repeats), 4)}
+    if replay is not None:
+        row["graph_ms"] = round(1e3 * median(replay, device, repeats), 4)
+    if error:
+        row["graph_error"] = error
+    return row
+
+
+def steps(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device: str, graphs: bool):
+    """(the eager step, its CUDA-graph replay or None, why there is none): one forward over T new
+    tokens per row after C cached, every row asking for logits."""
     ids = torch.randint(0, model.spec.vocab_size, (b, t), device=device)
     pos = (c + torch.arange(t, device=device)).expand(b, t).contiguous()
     mask = torch.ones(b, t, c + t, dtype=torch.bool, device=device).tril_(c)
@@ -90,23 +102,21 @@ def one_shape(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device
     def step():
         return model(ids, pos, mask, rows, kv)
 
-    row = {"eager_ms": round(1e3 * median(step, device, repeats), 4)}
-    if graphs and is_cuda(device):
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+    if not (graphs and is_cuda(device)):
+        return step, None, None
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
                 step()
-            row["graph_ms"] = round(1e3 * median(graph.replay, device, repeats), 4)
-            del graph
-        except Exception as e:                   # noqa: BLE001 - recorded, the curve goes on
-            row["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-    return row
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        return step, graph.replay, None
+    except Exception as e:                       # noqa: BLE001 - recorded, the curve goes on
+        return step, None, f"{type(e).__name__}: {e}"[:300]
 
 
 def _free(device: str) -> None:

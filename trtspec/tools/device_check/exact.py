@@ -6,6 +6,8 @@ architectures, and for each setting, eager and as CUDA graphs:
 - `strategies`: every strategy's greedy output against `ar` under the same setting;
 - `batch`: B in 1, 2, 4, 8 requests of mixed strategies at once, each against its own `ar`;
 - `sampled_batch`: 8 sampled requests at once (verified in one batched walk), each against itself alone;
+- `batch_rows`: the target's and the draft's logits in batches of 2, 4, 8 against each call alone,
+  bit for bit (rows.py: what a sampled request's acceptance test reads);
 - `graphs_equal_eager`: the CUDA-graph run's tokens against the eager run's, strategy by strategy;
 - `chi_square`: the first token of sampled `staged` against the target's own distribution;
 - `head`: a target that returns its hidden rows (step contract v4), eager and captured as CUDA graphs
@@ -29,10 +31,16 @@ from ...runtime.sampling import SamplingParams
 from ..chisquare import chisquare_p
 from ..inspect_engines import TREE_ROOM, count_differences
 from . import settings as S
+from .rows import batch_rows
 from .timing import is_cuda
 
 ARCHS = ("llama", "qwen2")
-RUNS = 2 * len(S.SETTINGS) - 1           # eager per setting, and graphs for the bucketed ones
+# eager per setting, and graphs for the bucketed ones; the second architecture: the plain and exact ones
+RUNS = {"llama": ("plain", "fixed", "fixed+graphs", "fixed-fp64", "fixed-fp64+graphs"),
+        "qwen2": ("plain", "fixed-fp64", "fixed-fp64+graphs")}
+# random trees per run, as a share of sizes()["trees"] (and of the trees' time): the setting the
+# product runs (fixed-fp64 as graphs) gets them all; a setting that differs shows it in a few
+TREE_WEIGHT = {"plain": 0.1, "fixed": 0.1, "fixed+graphs": 0.1, "fixed-fp64": 0.3, "fixed-fp64+graphs": 1.0}
 STRATEGIES = ("chain:k=4", "ngram", "staged:budget=15", "dyspec:budget=15", "gsd:budget=15",
               "cascade:k_draft=4", "suffix:budget=15")
 
@@ -40,7 +48,7 @@ STRATEGIES = ("chain:k=4", "ngram", "staged:budget=15", "dyspec:budget=15", "gsd
 def sizes(tiny: bool) -> dict:
     if tiny:
         return dict(spec=dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2),
-                    trees=12, longest=64, tokens=8, samples=150, prompts=(5, 17))
+                    trees=40, longest=64, tokens=8, samples=150, prompts=(5, 17))
     return dict(spec=dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2),
                 trees=1000, longest=4096, tokens=48, samples=2000, prompts=(7, 200, 1500))
 
@@ -57,56 +65,62 @@ def prompts(vocab: int, lengths) -> list[list[int]]:
 
 
 def exact(device: str, tiny: bool, deadline: float, trees: int | None = None) -> dict:
+    """llama under every setting, then the chi-square and the head role, then qwen2 under the plain
+    setting and the exact ones (a short lease reaches the checks the product's claims rest on)."""
     z = sizes(tiny)
     out: dict = {"settings": list(S.SETTINGS), "token_bucket": S.TOKENS, "archs": {}}
-    done = 0
-    for arch in ARCHS:
-        target, draft = pair(arch, tiny, device)
-        vocab = target.spec.vocab_size
-        ps = prompts(vocab, z["prompts"])
-        capacity = max(z["longest"] + TREE_ROOM, max(z["prompts"]) + z["tokens"] + MAX_STEP_TOKENS)
-        runs = out["archs"][arch] = {"model": {**z["spec"], "dtype": str(target.lm_head.weight.dtype)[6:]}}
-        for setting in S.SETTINGS:
-            for graphs in (False, True):
-                if setting == "plain" and graphs:
-                    continue                       # graphs need fixed shapes: they are a bucketed setting
-                name = setting + ("+graphs" if graphs else "")
-                if time.monotonic() > deadline:
-                    runs[name] = {"skipped": "out of time"}
-                    continue
-                t0 = time.monotonic()
-                with S.matmul_flags(setting):
-                    eng = S.engine(target, setting, device, graphs)
-                    try:
-                        runs[name] = check(eng, draft, device, setting, ps, capacity, z, trees, deadline,
-                                           runs_left=len(ARCHS) * RUNS - done)
-                    finally:
-                        eng.close()
-                done += 1
-                eager = runs.get(setting, {}).get("outputs")
-                if graphs and eager and "outputs" in runs[name]:
-                    runs[name]["graphs_equal_eager"] = runs[name]["outputs"] == eager
-                runs[name]["seconds"] = round(time.monotonic() - t0, 1)
+    todo = [(arch, name) for arch in ARCHS for name in RUNS[arch]]
+    for i, (arch, name) in enumerate(todo):
+        if i == 0 or todo[i - 1][0] != arch:
+            target, draft = pair(arch, tiny, device)
+            ps = prompts(target.spec.vocab_size, z["prompts"])
+            capacity = max(z["longest"] + TREE_ROOM, max(z["prompts"]) + z["tokens"] + MAX_STEP_TOKENS)
+            runs = out["archs"][arch] = {"model": {**z["spec"], "dtype": str(target.lm_head.weight.dtype)[6:]}}
+        if time.monotonic() > deadline:
+            runs[name] = {"skipped": "out of time"}
+        else:
+            setting, graphs = name.split("+")[0], name.endswith("+graphs")
+            t0 = time.monotonic()
+            # the trees' share of what is left: half of it, split by weight over the runs to come
+            share = 0.5 * TREE_WEIGHT[name] / sum(TREE_WEIGHT[n] for _, n in todo[i:])
+            n = trees if trees is not None else max(1, round(z["trees"] * TREE_WEIGHT[name]))
+            with S.matmul_flags(setting):
+                eng = S.engine(target, setting, device, graphs)
+                try:
+                    runs[name] = check(eng, draft, device, setting, ps, capacity, z, n, deadline, share)
+                finally:
+                    eng.close()
+            eager = runs.get(setting, {}).get("outputs")
+            if graphs and eager and "outputs" in runs[name]:
+                runs[name]["graphs_equal_eager"] = runs[name]["outputs"] == eager
+            runs[name]["seconds"] = round(time.monotonic() - t0, 1)
+        if i + 1 < len(todo) and todo[i + 1][0] == arch:
+            continue
         for r in runs.values():
             r.pop("outputs", None)                 # compared above; the report keeps verdicts only
         del target, draft
-    if time.monotonic() < deadline:
-        out["chi_square"] = chi_square(device, tiny, z)
-    if time.monotonic() < deadline:
-        out["head"] = head_check(device, tiny, z)
+        if arch == ARCHS[0]:
+            if time.monotonic() < deadline:
+                out["chi_square"] = chi_square(device, tiny, z)
+            if time.monotonic() < deadline:
+                out["head"] = head_check(device, tiny, z)
     return out
 
 
-def check(eng, draft, device, setting, ps, capacity, z, trees, deadline, runs_left: int) -> dict:
+def check(eng, draft, device, setting, ps, capacity, z, n: int, deadline, share: float) -> dict:
+    """One setting run: `n` trees within `share` of the time left, then the outputs' checks."""
     buckets = S.buckets(setting, capacity)
-    n = trees if trees is not None else z["trees"]
     res: dict = {}
     longest = z["longest"]
-    # The trees get at most half of what is left of the section per setting run, the rest the other checks.
-    until = time.monotonic() + (deadline - time.monotonic()) / (2 * runs_left)
-    differ, nodes, worst = count_differences(eng, eng.spec.vocab_size, n, longest, seed=1,
-                                             buckets=S.buckets(setting, longest + TREE_ROOM), until=until)
-    res["trees"] = {"planned": n, "nodes": nodes, "differ": differ, "max_abs_diff": worst, "longest": longest}
+    until = time.monotonic() + share * (deadline - time.monotonic())
+    differ, nodes, worst, run = count_differences(eng, eng.spec.vocab_size, n, longest, seed=1,
+                                                  buckets=S.buckets(setting, longest + TREE_ROOM), until=until)
+    res["trees"] = {"planned": n, "run": run, "nodes": nodes, "differ": differ, "max_abs_diff": worst,
+                    "longest": longest}
+    drafter = TorchEngine(draft, device)
+    res["batch_rows"] = {role: batch_rows(e, buckets, capacity, longest)
+                         for role, e in (("target", eng), ("draft", drafter))}
+    drafter.close()
     gen = Generator(eng, TorchEngine(draft, device), capacity=capacity, buckets=buckets, slots=8)
     try:
         refs = [gen.generate(p, strategy="ar", max_new_tokens=z["tokens"]).token_ids for p in ps]

@@ -30,23 +30,26 @@ def _exact(e: dict, _res) -> list[str]:
     out = [f"Token bucket {e['token_bucket']}; trees at cached lengths 16-{_longest(e)}; settings: plain (shapes as they come), fixed (one padded "
            "step shape, the whole KV buffer, no reduced-precision reductions or split-K), fixed-fp64 (and "
            "fp64 attention); `+graphs`: the same as CUDA graphs.", "",
-           "| arch | setting | trees: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
-           "| sampled, 8 at once ≠ alone | graphs = eager | s |", "|---|---|---|---|---|---|---|---|"]
+           "| arch | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
+           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft | graphs = eager | s |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for arch, runs in e["archs"].items():
         for name, r in runs.items():
             if name == "model":
                 continue
             if "skipped" in r or "trees" not in r:
-                out.append(f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | | |")
+                out.append(f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | | | |")
                 continue
             t = r["trees"]
             s = r.get("strategies", {})
             batch = "/".join(str(v) for v in r.get("batch", {}).values())
             sb = r.get("sampled_batch", {})
             sampled = f"{sb['differ']} of {sb['requests']}" if sb else ""
-            out.append(f"| {arch} | {name} | {t['differ']} / {t['nodes']} (max Δ {t['max_abs_diff']:.3g}) | "
+            out.append(f"| {arch} | {name} | {t.get('run', '?')}: {t['differ']} / {t['nodes']} "
+                       f"(max Δ {t['max_abs_diff']:.3g}) | "
                        f"{len(s.get('differ', []))} of {s.get('checked', 0) * s.get('prompts', 0)} | {batch} | "
-                       f"{sampled} | {r.get('graphs_equal_eager', '')} | {r.get('seconds', '')} |")
+                       f"{sampled} | {_rows(r.get('batch_rows'))} | {r.get('graphs_equal_eager', '')} | "
+                       f"{r.get('seconds', '')} |")
     if c := e.get("chi_square"):
         out += ["", f"Sampled `staged` (fixed): first token over {c['samples']} samples vs the target's "
                 f"distribution, chi-square p = {c['p_value']:.3g} — {'passes' if c['passes'] else 'FAILS'} (p > 0.001)."]
@@ -57,6 +60,14 @@ def _exact(e: dict, _res) -> list[str]:
         out += [f"| {name} | {len(r['strategies_differ'])} of {r['checked']} | {r['batch4_differ']} of 4 | "
                 f"{r['root_named']} steps |" for name, r in h.items()]
     return out
+
+
+def _rows(rows: dict | None) -> str:
+    """B=2/4/8 calls whose rows differ from alone, per role: "0/1/3 of 4/8/16; 0/0/2 of 4/8/16"."""
+    if not rows:
+        return ""
+    return "; ".join("/".join(str(d) for d, _ in r.values()) + " of " + "/".join(str(n) for _, n in r.values())
+                     for r in rows.values())
 
 
 def _longest(e: dict):
@@ -111,6 +122,27 @@ def goals(c: dict, res: dict) -> list[str]:
     return lines or ["not enough shapes measured to judge"]
 
 
+def _profile(p: dict, res: dict) -> list[str]:
+    out = []
+    m = res.get("sections", {}).get("machine", {}).get("result")
+    if m:
+        out += [f"The target's weights' read floor: {1e3 * p['weight_bytes'] / (m['copy_gb_per_s'] * 1e9):.3f} ms "
+                f"({p['layers']} layers).", ""]
+    for s in p["shapes"]:
+        shape = ", ".join(f"{k} = {v}" for k, v in s["shape"].items())
+        if "skipped" in s:
+            out += [f"{shape}: skipped, {s['skipped']}.", ""]
+            continue
+        out += [f"**{shape}**, {'replayed as a CUDA graph' if s['graphs'] else 'eager'}: {s['step_ms']} ms a step; "
+                f"{s['kernels_per_step']} kernels ({s['kernels_per_layer']} per layer), "
+                f"{s['kernel_ms_per_step']} ms of kernel time.", "",
+                "| group | kernels per step | ms per step |", "|---|---|---|"]
+        out += [f"| {k} | {g['kernels']} | {g['ms']} |" for k, g in s["groups"].items()]
+        out += ["", "| costliest kernels | per step | ms per step |", "|---|---|---|"]
+        out += [f"| `{k['name']}` | {k['per_step']} | {k['ms']} |" for k in s["top"]] + [""]
+    return out
+
+
 def _e2e(e: dict, _res) -> list[str]:
     out = [f"{e['new_tokens']} new tokens after a {e['prompt_tokens']}-token prompt; the draft is the target "
            "itself, its rows corrupted at the given rate.", "",
@@ -126,4 +158,4 @@ def _e2e(e: dict, _res) -> list[str]:
     return out
 
 
-SECTIONS = {"machine": _machine, "exact": _exact, "costs": _costs, "e2e": _e2e}
+SECTIONS = {"machine": _machine, "exact": _exact, "costs": _costs, "profile": _profile, "e2e": _e2e}

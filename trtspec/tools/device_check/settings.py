@@ -41,17 +41,30 @@ def engine(model: Decoder, setting: str, device: str, graphs: bool = False):
 
 @contextmanager
 def matmul_flags(setting: str):
-    """cuBLAS reductions for the duration of a setting: full precision and no split-K unless `plain`."""
+    """cuBLAS reductions for the duration of a setting: full precision and no split-K unless `plain`.
+
+    torch >= 2.10 takes (reduced precision, split-K); split-K off needs the cuBLASLt backend, which
+    a matmul only refuses when it runs, so a probe picks the first form the device accepts."""
     m = torch.backends.cuda.matmul
     saved = (m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction, m.allow_tf32)
+    blas = torch.backends.cuda.preferred_blas_library()
     try:
         if setting != "plain":
-            for name in ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"):
-                try:
-                    setattr(m, name, (False, False))      # (reduced precision, split-K): torch >= 2.10
-                except (TypeError, RuntimeError):
-                    setattr(m, name, False)
             m.allow_tf32 = False
+            for lt, flag in ((False, (False, False)), (True, (False, False)), (False, False)):
+                if lt:
+                    torch.backends.cuda.preferred_blas_library("cublaslt")
+                try:
+                    for name in ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"):
+                        setattr(m, name, flag)
+                    if torch.cuda.is_available():
+                        for dt in (torch.float16, torch.bfloat16, torch.float32):
+                            x = torch.ones(4, 8, device="cuda", dtype=dt)
+                            torch.nn.functional.linear(x, x)
+                    break
+                except (TypeError, RuntimeError):
+                    torch.backends.cuda.preferred_blas_library(blas)
         yield
     finally:
         m.allow_bf16_reduced_precision_reduction, m.allow_fp16_reduced_precision_reduction, m.allow_tf32 = saved
+        torch.backends.cuda.preferred_blas_library(blas)
