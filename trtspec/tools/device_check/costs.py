@@ -102,8 +102,12 @@ def steps(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device: st
     def step():
         return model(ids, pos, mask, rows, kv)
 
-    if not (graphs and is_cuda(device)):
-        return step, None, None
+    return (step, *capture(step)) if graphs and is_cuda(device) else (step, None, None)
+
+
+def capture(step):
+    """(`step` captured as a CUDA graph's replay, None) or (None, why not): warmed up on a side
+    stream first, as torch requires."""
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -114,9 +118,9 @@ def steps(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device: st
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        return step, graph.replay, None
+        return graph.replay, None
     except Exception as e:                       # noqa: BLE001 - recorded, the curve goes on
-        return step, None, f"{type(e).__name__}: {e}"[:300]
+        return None, f"{type(e).__name__}: {e}"[:300]
 
 
 def _free(device: str) -> None:

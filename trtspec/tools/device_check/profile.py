@@ -1,8 +1,10 @@
 """Where a one-token step's time goes: the 8B-shaped target's step at B = 1, T = 1, C = 4,096 (the
-goals' shape) and at B = 8, T = 1, C = 16,384 (4x slower than T = 8 in the first H200 run), replayed as a CUDA graph under torch.profiler (eager where capture fails):
-kernels per step and per layer, their summed time against the replay's, grouped as matmuls,
-attention and the rest, and the costliest kernels by name. This is what the weight-read floor is
-missed by. On a CPU (tiny) the same for the ops that compute (views and allocations left out)."""
+goals' shape) and at B = 8, T = 1, C = 16,384 (4x slower than T = 8 in the first H200 run),
+replayed as a CUDA graph under torch.profiler (eager where capture fails): kernels per step and
+per layer, their summed time against the replay's, grouped as matmuls, attention and the rest, and
+the costliest kernels by name. This is what the weight-read floor is missed by. Beside each, the
+same shape written with torch's fused blocks (reference.py): how close fewer kernels get. On a CPU
+(tiny) the same for the ops that compute (views and allocations left out)."""
 from __future__ import annotations
 
 import time
@@ -11,7 +13,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile as torch_profile
 
-from .costs import random_model, shapes, steps, weight_bytes
+from .costs import _free, capture, random_model, shapes, steps, weight_bytes
+from .reference import Reference
 from .timing import is_cuda, median
 
 STEPS = 10
@@ -39,14 +42,31 @@ def profile(device: str, tiny: bool, deadline: float) -> dict:
                            device=device)
         out["shapes"].append(one_profile(model, past, b, t, c, device))
         del past
+        _free(device)
     return out
 
 
 def one_profile(model, past, b: int, t: int, c: int, device: str) -> dict:
+    """The Decoder's step at (B, T, C), and the fused yardstick's (reference.py) at the same shape."""
     step, replay, error = steps(model, past, b, t, c, device, graphs=True)
-    run = replay or step
-    out = {"shape": {"B": b, "T": t, "C": c}, "graphs": replay is not None, "graph_error": error,
-           "step_ms": round(1e3 * median(run, device, 30), 4)}
+    out = {"shape": {"B": b, "T": t, "C": c}, "graph_error": error, **measure(replay or step, device, model.spec)}
+    out["graphs"] = replay is not None
+    del step, replay
+    ref = Reference(model.spec, device, b, c + t)
+    ids = torch.randint(0, model.spec.vocab_size, (b, t), device=device)
+
+    def ref_step():
+        return ref(ids, c)
+
+    replay, error = capture(ref_step) if is_cuda(device) else (None, None)
+    out["reference"] = {"graphs": replay is not None, "graph_error": error,
+                        **measure(replay or ref_step, device, model.spec)}
+    return out
+
+
+def measure(run, device: str, spec) -> dict:
+    """`run`'s median time, and its kernels under the profiler: per step and layer, by group, by name."""
+    out = {"step_ms": round(1e3 * median(run, device, 30), 4)}
     cuda = is_cuda(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with torch_profile(activities=activities) as prof:
@@ -61,10 +81,9 @@ def one_profile(model, past, b: int, t: int, c: int, device: str) -> dict:
         by_name.setdefault(name, []).append(us)
         g = groups[_group(name)]
         g[0], g[1] = g[0] + 1, g[1] + us
-    layers = model.spec.num_layers
     out.update(
         kernels_per_step=round(len(events) / STEPS, 1),
-        kernels_per_layer=round(len(events) / STEPS / layers, 1),
+        kernels_per_layer=round(len(events) / STEPS / spec.num_layers, 1),
         kernel_ms_per_step=round(sum(us for _, us in events) / STEPS / 1e3, 4),
         groups={k: {"kernels": round(n / STEPS, 1), "ms": round(us / STEPS / 1e3, 4)} for k, (n, us) in groups.items()},
         top=[{"name": name[:90], "per_step": round(len(us) / STEPS, 1), "ms": round(sum(us) / STEPS / 1e3, 4)}

@@ -133,12 +133,16 @@ def _profile(p: dict, res: dict) -> list[str]:
         if "skipped" in s:
             out += [f"{shape}: skipped, {s['skipped']}.", ""]
             continue
-        out += [f"**{shape}**, {'replayed as a CUDA graph' if s['graphs'] else 'eager'}: {s['step_ms']} ms a step; "
-                f"{s['kernels_per_step']} kernels ({s['kernels_per_layer']} per layer), "
-                f"{s['kernel_ms_per_step']} ms of kernel time.", "",
-                "| group | kernels per step | ms per step |", "|---|---|---|"]
-        out += [f"| {k} | {g['kernels']} | {g['ms']} |" for k, g in s["groups"].items()]
-        out += ["", "| costliest kernels | per step | ms per step |", "|---|---|---|"]
+        out += [f"**{shape}**:", "", "| step | ms | kernels (per layer) | kernel ms | matmul: kernels, ms | "
+                "attention: kernels, ms | the rest: kernels, ms |", "|---|---|---|---|---|---|---|"]
+        for name, r in (("the Decoder's", s), ("fused blocks (reference.py)", s.get("reference"))):
+            if r:
+                g = r["groups"]
+                out.append(f"| {name}{' (graph)' if r['graphs'] else ' (eager)'} | {r['step_ms']} | "
+                           f"{r['kernels_per_step']} ({r['kernels_per_layer']}) | {r['kernel_ms_per_step']} | "
+                           + " | ".join(f"{g[k]['kernels']}, {g[k]['ms']}" for k in ("matmul", "attention", "other"))
+                           + " |")
+        out += ["", "| the Decoder's costliest kernels | per step | ms per step |", "|---|---|---|"]
         out += [f"| `{k['name']}` | {k['per_step']} | {k['ms']} |" for k in s["top"]] + [""]
     return out
 
