@@ -27,9 +27,9 @@ def report(tmp_path_factory):
 
 def test_every_section_ran_and_is_reported(report):
     res, md, out = report
-    assert list(res["sections"]) == ["machine", "exact", "costs", "profile", "e2e"]
+    assert list(res["sections"]) == ["machine", "exact", "costs", "settings", "profile", "e2e"]
     assert all("result" in s for s in res["sections"].values()), res["sections"]
-    for head in ("## machine", "## exact", "## costs", "## profile", "## e2e", "Goals (target, B = 1)"):
+    for head in ("## machine", "## exact", "## costs", "## settings", "## profile", "## e2e", "Goals (target, B = 1)"):
         assert head in md
     m = res["sections"]["machine"]["result"]
     assert m["copy_gb_per_s"] > 0 and m["matmul_tflop_per_s"] > 0
@@ -38,6 +38,10 @@ def test_every_section_ran_and_is_reported(report):
     from trtspec.tools.bench import read_costs
     plan = read_costs(str(out / "device_costs.json"))         # what `bench --plan-costs` plans with
     assert plan.target.tokens == [1, 2, 4] and plan.target.cached == [16, 64] and set(plan.rows["target"]) == {2}
+    costs = res["sections"]["settings"]["result"]["rows"]        # what each exactness setting costs a step
+    expected = [("plain", 1)] * 2 + [("fixed", 16)] * 2 + [("fixed-fp64", 16)] * 2
+    assert [(r["setting"], r["T"]) for r in costs] == expected
+    assert all(r["ms"] > 0 and r["buffer"] == r["C"] + (r["T"] > 1) * 16 for r in costs), costs
     prof = res["sections"]["profile"]["result"]                  # where a step's time goes, op by op
     assert [s["shape"] for s in prof["shapes"]] == [{"B": 1, "T": 1, "C": 64}, {"B": 2, "T": 1, "C": 64}]
     for s in prof["shapes"]:

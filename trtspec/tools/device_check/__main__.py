@@ -12,8 +12,8 @@ import click
 
 from ...export.packs import write_atomic
 
-SECTIONS = ("machine", "exact", "costs", "profile", "e2e")
-SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "profile": 0.05, "e2e": 0.15}   # of the budget, in order
+SECTIONS = ("machine", "exact", "costs", "settings", "profile", "e2e")
+SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "settings": 0.05, "profile": 0.05, "e2e": 0.15}
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,14 +26,15 @@ SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "profile": 0.05, "e2e": 
 @click.option("--sections", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated subset, run in this order.")
 @click.option("--trees", default=None, type=click.IntRange(1),
-              help="Random trees per exactness setting (default 1,000 on a GPU, 12 tiny).")
+              help="Random trees per exactness run (default: up to 1,000 on a GPU, 40 tiny, fewer for the "
+                   "settings that differ).")
 def main(out_dir, tiny, device, budget_s, sections, trees):
     """What the CUDA path does, measured, in one unattended run: the card and its ceilings, exactness
     per setting (trees bit for bit, every strategy vs ar, batches, CUDA graphs vs eager, a
-    chi-square), the step-cost curve of an 8B-shaped target, where its one-token step's time goes
-    (kernels, profiled), and the whole loop with forced acceptance. Each section is bounded in time;
-    a failing one is one line in the report and the run goes on. Exit 0 when every section ran (its
-    findings are in the report), 1 otherwise."""
+    chi-square), the step-cost curve of an 8B-shaped target, what each exactness setting costs it,
+    where its one-token step's time goes (kernels, profiled), and the whole loop with forced
+    acceptance. Each section is bounded in time; a failing one is one line in the report and the run
+    goes on. Exit 0 when every section ran (its findings are in the report), 1 otherwise."""
     import torch
 
     from .timing import is_cuda
@@ -84,6 +85,9 @@ def run_section(name: str, device: str, tiny: bool, deadline: float, trees: int 
         elif name == "costs":
             from .costs import costs
             result = costs(device, tiny, deadline)
+        elif name == "settings":
+            from .setcost import setting_costs
+            result = setting_costs(device, tiny, deadline)
         elif name == "profile":
             from .profile import profile
             result = profile(device, tiny, deadline)

@@ -122,6 +122,22 @@ def goals(c: dict, res: dict) -> list[str]:
     return lines or ["not enough shapes measured to judge"]
 
 
+def _settings(r: dict, _res) -> list[str]:
+    rows = [x for x in r["rows"] if "skipped" not in x]
+    plain = {(x["B"], x["C"]): x["ms"] for x in rows if x["setting"] == "plain"}
+    out = [f"A decode step of the 8B-shaped target per setting (fixed ones: the {r['token_bucket']}-token bucket, "
+           "every row's logits, the slot's whole buffer), as a CUDA graph where captured:", "",
+           "| setting | B | C cached | T | ms | × plain |", "|---|---|---|---|---|---|"]
+    for x in rows:
+        base = plain.get((x["B"], x["C"]))
+        ratio = f"{x['ms'] / base:.2f}" if base else ""
+        out.append(f"| {x['setting']}{'' if x['graphs'] else ' (eager)'} | {x['B']} | {x['C']} | {x['T']} | "
+                   f"{x['ms']} | {ratio} |")
+    if skipped := len(r["rows"]) - len(rows):
+        out.append(f"\n{skipped} shapes skipped: out of time.")
+    return out
+
+
 def _profile(p: dict, res: dict) -> list[str]:
     out = []
     m = res.get("sections", {}).get("machine", {}).get("result")
@@ -162,4 +178,5 @@ def _e2e(e: dict, _res) -> list[str]:
     return out
 
 
-SECTIONS = {"machine": _machine, "exact": _exact, "costs": _costs, "profile": _profile, "e2e": _e2e}
+SECTIONS = {"machine": _machine, "exact": _exact, "costs": _costs, "settings": _settings, "profile": _profile,
+            "e2e": _e2e}
