@@ -24,6 +24,7 @@ class LoadOptions:
     device: str = "cpu"
     cuda_graphs: bool = False
     profile_prefix: str | None = None  # ONNX Runtime's profiler (stepcost --profile)
+    exact: bool = False               # a torch target exact by one step shape (engines/exact.py)
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,17 @@ def _load_torch(folder: Path, role: str, info: dict, opts: LoadOptions) -> "Engi
                                DTYPES[info["dtype"]])
     model.hidden_rows = returns_hidden(info)
     model = quantize_decoder(model, opts.quantize)
+    make = TorchEngine
     if opts.cuda_graphs:
-        from ..engines.cuda_graphs import GraphedTorchEngine
-        return GraphedTorchEngine(model, opts.device)
-    return TorchEngine(model, opts.device)
+        from ..engines.cuda_graphs import GraphedTorchEngine as make
+
+    def build(m):
+        return make(m, opts.device)
+
+    if opts.exact:
+        from ..engines.exact import exact_engine
+        return exact_engine(build, model)
+    return build(model)
 
 
 def returns_hidden(info: dict) -> bool:

@@ -133,6 +133,10 @@ class Config(Strict):
     backend: str = "torch"                          # a name in assembly/backends.py
     device: Literal["cpu", "cuda"] = "cpu"          # torch backend
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
+    # A torch target on a GPU: `fixed-fp64` runs every decode step at one padded shape with fp64
+    # attention and no split-K (engines/exact.py: lossless there, measured); `plain` lets each step
+    # take its own shape (faster, not lossless: GPU kernels differ by shape). No effect on a CPU.
+    exactness: Literal["fixed-fp64", "plain"] = "fixed-fp64"
     max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
     slots: Annotated[int, Field(ge=1, le=256)] = 4     # requests served at once (KV slots, batch rows)
     # prompt tokens kept per model across requests (prefix caching; default max_seq_len, 0 = off)
@@ -191,6 +195,11 @@ class Config(Strict):
         if self.draft is not None and self.draft.head and self.backend == "torch":
             raise ValueError(f"draft.head: {self.draft.head}: a reduced head is built into ONNX graphs; use backend "
                              "onnxruntime (or tensorrt), or remove head")
+        if self.exact and (len(self.buckets.tokens) > 1 or len(self.buckets.cache) > 1):
+            raise ValueError(f"buckets {self.buckets.model_dump()}: on device: cuda every target step runs at one "
+                             "shape (exactness: fixed-fp64, lossless there); give buckets.tokens and buckets.cache "
+                             "one size each (or none: 16 tokens, max_seq_len), or set exactness: plain (faster, "
+                             "not lossless on a GPU)")
         if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
             raise ValueError(f"buckets.cache {self.buckets.cache}: a cache bucket above max_seq_len "
                              f"{self.max_seq_len} is never used; keep buckets <= max_seq_len")
@@ -215,6 +224,12 @@ class Config(Strict):
                 raise ValueError(f"strategies.{name}: one step can send {strat.max_tree_size()} tokens to the target, "
                                  f"more than the {MAX_STEP_TOKENS} a step takes; lower its budget / max_budget "
                                  "(or max_rounds x stage2_len)")
+            if self.exact and strat.max_tree_size() > self.max_step():
+                raise ValueError(f"strategies.{name}: one step can send {strat.max_tree_size()} tokens to the target; "
+                                 f"on device: cuda every target step runs at one {self.max_step()}-token shape "
+                                 "(exactness: fixed-fp64, lossless there); lower its budget / max_budget (and "
+                                 "max_rounds x stage2_len, or stage2: false), give buckets.tokens one larger size, "
+                                 "or set exactness: plain (faster, not lossless on a GPU)")
             need = 2 + strat.max_rows()               # a prompt token, a new token, the largest step
             if need > self.max_seq_len:
                 raise ValueError(f"strategies.{name}: one step can need {strat.max_rows()} KV rows beyond the "
@@ -224,9 +239,26 @@ class Config(Strict):
 
     def runs_with(self) -> dict:
         """What a strategy of this config runs with: strategies.strategy's keywords (a draft or none,
-        the target's hidden rows or none, the kinds of head role)."""
+        the target's hidden rows or none, the kinds of head role, the most tokens a step takes)."""
         return {"has_draft": self.draft is not None, "has_hidden": self.target.hidden_rows,
-                "heads": {h.kind for h in self.heads.values()}}
+                "heads": {h.kind for h in self.heads.values()}, "max_step": self.max_step()}
+
+    @property
+    def exact(self) -> bool:
+        """Whether the target runs exact by one step shape (engines/exact.py): a torch target on a GPU."""
+        return self.device == "cuda" and self.backend == "torch" and self.exactness == "fixed-fp64"
+
+    def step_buckets(self) -> dict:
+        """The Batchers' buckets: the configured ones, or for an exact target its one token bucket
+        (engines/exact.TOKENS unless configured) and one cache bucket (max_seq_len unless configured)."""
+        b = self.buckets.model_dump()
+        if self.exact:
+            from ..engines.exact import TOKENS
+            b = {"tokens": b["tokens"] or [TOKENS], "cache": b["cache"] or [self.max_seq_len]}
+        return b
+
+    def max_step(self) -> int:
+        return max(self.step_buckets()["tokens"]) if self.exact else MAX_STEP_TOKENS
 
     def _check_heads(self) -> None:
         """Head roles: named apart from the other roles, one per kind, reading a target with hidden
@@ -268,7 +300,7 @@ class Config(Strict):
         keep = {k: v for k, v in self.to_dict().items() if k not in ("strategy", "strategies", "threads")}
         if not keep.get("heads"):
             keep.pop("heads", None)                   # as folders built before head roles
-        for k in ("device", "cuda_graphs", "buckets", "slots", "prefix_cache"):   # runtime choices, not build inputs
+        for k in ("device", "cuda_graphs", "buckets", "slots", "prefix_cache", "exactness"):   # runtime choices
             keep.pop(k, None)
         from .backends import BACKENDS         # torch quantizes at load; onnxruntime builds it into the graph
         for role in ("target", "draft"):

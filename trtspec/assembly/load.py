@@ -80,10 +80,12 @@ def check_runnable(cfg: Config) -> None:
 
 def load_role(folder: Path, role: str, manifest: dict, cfg: Config, backend: str, threads: int,
               profile_prefix: str | None = None) -> Engine:
-    """The engine of `role` as the config runs it (device, CUDA graphs, a torch draft's int8)."""
+    """The engine of `role` as the config runs it (device, CUDA graphs, a torch draft's int8, a GPU
+    target exact by one step shape)."""
     quantize = cfg.draft.quantize if role == "draft" else "none"
+    exact = role == "target" and cfg.exact            # (cfg is the run backend's: open_folder)
     return load_engine(folder, role, manifest["models"][role], backend,
-                       LoadOptions(threads, quantize, cfg.device, cfg.cuda_graphs, profile_prefix))
+                       LoadOptions(threads, quantize, cfg.device, cfg.cuda_graphs, profile_prefix, exact))
 
 
 def measure_costs(folder: str | Path, threads: int | None = None, backend: str | None = None, log=print):
@@ -99,7 +101,7 @@ def measure_costs(folder: str | Path, threads: int | None = None, backend: str |
     heads = load_heads(folder, manifest, cfg.device)
     log(f"measuring step costs on this machine ({backend}, {threads or 'default'} threads) for budget: auto")
     try:
-        costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.buckets.model_dump(),
+        costs = measure(target, draft, cfg.max_seq_len, threads, backend, buckets=cfg.step_buckets(),
                         progress=True, key=costs_key(cfg, backend, threads), heads=heads)
     finally:
         for engine in (target, draft):
@@ -153,7 +155,7 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
-                    buckets=cfg.buckets.model_dump(), slots=slots, max_queue=max_queue, owns_engines=True,
+                    buckets=cfg.step_buckets(), slots=slots, max_queue=max_queue, owns_engines=True,
                     prefix_cache=prefix_cache, heads=heads)
     gen.config = cfg
     gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
@@ -167,7 +169,7 @@ def costs_key(cfg: Config, backend: str, threads: int) -> dict:
     from ..runtime.costs import run_key
     heads = {"heads": sorted(h.kind for h in cfg.heads.values())} if cfg.heads else {}    # (keys stored before heads)
     return run_key(threads or 0, backend, cfg.draft is not None, device=cfg.device, cuda_graphs=cfg.cuda_graphs,
-                   draft_quantize=cfg.draft.quantize if cfg.draft else None, buckets=cfg.buckets.model_dump(), **heads)
+                   draft_quantize=cfg.draft.quantize if cfg.draft else None, buckets=cfg.step_buckets(), **heads)
 
 
 def uses_auto(cfg: Config) -> bool:

@@ -21,6 +21,7 @@ import torch
 
 from ..export.model import Decoder
 from ..runtime.kv_cache import KVCache
+from .exact import matmul_flags
 from .staging import StagedBucket
 from .torch_engine import TorchEngine
 
@@ -44,10 +45,11 @@ class GraphedTorchEngine(TorchEngine):
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:
         (b, t), total, r = input_ids.shape, attn_mask.shape[2], logit_rows.shape[1]
         key = (b, t, total, r)
-        g = self.graphs.get(key) or self._make(key)
-        self.check_room(caches, t)
-        g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
-        g.graph()
+        with matmul_flags(self.exact):                # the kernels a capture records, or an eager run picks
+            g = self.graphs.get(key) or self._make(key)
+            self.check_room(caches, t)
+            g.load(caches, input_ids, position_ids, attn_mask, logit_rows)
+            g.graph()
         g.runs += 1
         g.scatter_new_kv(caches)
         self.hidden = g.hidden                       # the bucket's own buffer, like the logits

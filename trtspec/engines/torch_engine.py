@@ -6,10 +6,12 @@ import torch
 from ..export.model import Decoder
 from ..runtime.engine import Engine
 from ..runtime.kv_cache import BatchStaging, KVCache
+from .exact import matmul_flags
 
 
 class TorchEngine(Engine):
     name = "torch"
+    exact = False                         # engines/exact.py: every step under its cuBLAS flags
 
     def __init__(self, model: Decoder, device: str = "cpu"):
         self.model = model.to(device)
@@ -28,7 +30,8 @@ class TorchEngine(Engine):
             past = [p.unsqueeze(0) for p in caches[0].past(c)]
         else:
             past = list(self.staging.past(caches, c))
-        logits, new_kv, *hidden = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
+        with matmul_flags(self.exact):
+            logits, new_kv, *hidden = self.model(input_ids, position_ids, attn_mask, logit_rows, past)
         self.hidden = hidden[0] if hidden else None
         for i, cache in enumerate(caches):
             for dst, src in zip(cache.slots(t), new_kv):

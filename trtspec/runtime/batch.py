@@ -92,6 +92,8 @@ class Batcher:
         # GEMM takes another kernel for one row than for sixteen) gets every padded call's logit
         # rows padded to the bucket too, a one-row call included.
         self.fixed_rows = getattr(engine, "fixed_rows", False)
+        # Such an engine is exact only at its shape: a step takes at most its largest token bucket.
+        self.max_step = max(self.token_buckets) if self.fixed_rows and self.token_buckets else MAX_STEP_TOKENS
         self.max_batch_tokens = max_batch_tokens
         self.forwards = 0
         self.rows = 0                               # batch rows over all forwards (mean batch size)

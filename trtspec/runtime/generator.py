@@ -97,10 +97,10 @@ class Generator:
     def strategy(self, name: str | Strategy, **overrides) -> Strategy:
         """A strategy object: `name` with the config's options, overrides written "staged:budget=12" and
         `overrides` (strategies.strategy: checked runnable with this generator's draft or none, its
-        target's hidden rows or none, and its heads)."""
+        target's hidden rows or none, its heads, and the target's largest step)."""
         return strategy(name, self.strategy_options, has_draft=self.draft_engine is not None,
-                        has_hidden=self.target_engine.hidden_rows,
-                        heads=set(self.head_kinds), **overrides)
+                        has_hidden=self.target_engine.hidden_rows, heads=set(self.head_kinds),
+                        max_step=self.batchers["target"].max_step, **overrides)
 
     def request(self, prompt_ids: list[int], strategy: str | Strategy = "ar", max_new_tokens: int = 128,
                 sampling: SamplingParams = SamplingParams(), seed: int = 0, record_trees: bool = False,

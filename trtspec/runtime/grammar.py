@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import RequestError
+from ..options import MAX_STEP_TOKENS
 from .proposal import GRAMMAR, Proposal
 from .tree import TokenTree
 
@@ -140,13 +141,14 @@ class GrammarState:
         self.matcher, self.vocab_size, self.stop_ids = matcher, vocab_size, frozenset(stop_ids)
         self.words = (vocab_size + 31) // 32
 
-    def fit(self, proposal: Proposal) -> tuple[Proposal, np.ndarray]:
+    def fit(self, proposal: Proposal, max_step: int = MAX_STEP_TOKENS) -> tuple[Proposal, np.ndarray]:
         """A proposal as the target may see it under this grammar, and each node's mask: nodes the
-        grammar forbids pruned with their subtrees, then forced tokens added (jump-forward)."""
+        grammar forbids pruned with their subtrees, then forced tokens added (jump-forward) while the
+        tree stays within `max_step` tokens (the target's largest step)."""
         keep, masks = self.tree_masks(proposal.tree)
         if not keep.all():
             proposal, masks = proposal.subset(keep), masks[keep]
-        parents, tokens, more = self.forced(proposal.tree, masks)
+        parents, tokens, more = self.forced(proposal.tree, masks, min(JUMP, max_step - len(proposal.tree)))
         if tokens:
             proposal, masks = proposal.extend(parents, tokens, GRAMMAR), np.concatenate([masks, more])
         return proposal, masks

@@ -48,7 +48,7 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     t0 = time.perf_counter()
     masks = None
     if st.grammar is not None:             # forbidden drafts pruned, forced tokens added (jump-forward)
-        proposal, masks = st.grammar.fit(proposal)
+        proposal, masks = st.grammar.fit(proposal, st.target.batcher.max_step)
     tree = proposal.tree.to(st.target.engine.device)
     raw = yield from st.target.verify(tree)
     logits = shape(st, tree, raw, masks)

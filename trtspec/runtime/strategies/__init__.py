@@ -98,13 +98,16 @@ def heads_missing(name: str, strat: Strategy, kinds) -> str | None:
             "another drafter")
 
 
-def check(strat: Strategy, has_draft: bool, has_hidden: bool = False, heads=()) -> None:
-    """RequestError unless `strat` can run: its step fits one model call, it has its draft, the
-    target returns hidden rows if a drafter of it reads them, and the heads it asks are there (`heads`:
-    the kinds of head role loaded)."""
-    if strat.max_tree_size() > MAX_STEP_TOKENS:
+def check(strat: Strategy, has_draft: bool, has_hidden: bool = False, heads=(),
+          max_step: int = MAX_STEP_TOKENS) -> None:
+    """RequestError unless `strat` can run: its step fits one model call (`max_step` tokens: fewer
+    on a target exact by one step shape, engines/exact.py), it has its draft, the target returns
+    hidden rows if a drafter of it reads them, and the heads it asks are there (`heads`: the kinds of
+    head role loaded)."""
+    if strat.max_tree_size() > max_step:
+        shape = "" if max_step == MAX_STEP_TOKENS else " on this target (exact on the GPU: every step at one shape)"
         raise RequestError(f"strategy {strat.name!r} can send {strat.max_tree_size()} tokens to the target in "
-                           f"one step, more than the {MAX_STEP_TOKENS} a step allows; "
+                           f"one step, more than the {max_step} a step allows{shape}; "
                            "lower its budget / k (with auto: max_budget / max_k / max_k_draft) in the config")
     if strat.needs_draft and not has_draft:
         raise RequestError(f"strategy {strat.name!r} needs a draft model, but none is loaded; "
@@ -117,16 +120,17 @@ def check(strat: Strategy, has_draft: bool, has_hidden: bool = False, heads=()) 
 
 
 def strategy(spec: "str | Strategy", configured: dict[str, dict] | None = None, has_draft: bool = True,
-             has_hidden: bool = False, heads=(), **overrides) -> Strategy:
+             has_hidden: bool = False, heads=(), max_step: int = MAX_STEP_TOKENS, **overrides) -> Strategy:
     """The strategy a spec names ("staged", "staged:budget=12", or a Strategy object as it is): the
     configured options for it, the spec's overrides, then `overrides`; checked runnable with or
-    without a draft model, with or without the target's hidden rows, and with the kinds of head `heads`."""
+    without a draft model, with or without the target's hidden rows, with the kinds of head `heads`,
+    in steps of at most `max_step` tokens."""
     if isinstance(spec, Strategy):
         strat = spec
     else:
         name, options = resolve(spec, configured or {})
         strat = make_strategy(name, **merged(options, overrides))
-    check(strat, has_draft, has_hidden, heads)
+    check(strat, has_draft, has_hidden, heads, max_step)
     return strat
 
 

@@ -16,7 +16,7 @@ from . import settings as S
 from .costs import random_model, shapes
 
 RATES = (0.0, 0.2, 0.5)
-STRATEGIES = ("chain:k=4", "staged:budget=15")
+STRATEGIES = ("chain:k=4", "staged:budget=15:stage2=false")
 # Random weights give near-uniform next-token distributions (every top logit a near tie, and
 # best-first trees wide and shallow); the LM head scaled up makes them peaked, as a trained
 # model's are (top probability ~0.75 on the tiny shapes). Step times do not depend on it.
