@@ -86,7 +86,7 @@ def test_forced_acceptance_keeps_every_output_equal_to_ar(report):
     runs = report[0]["sections"]["e2e"]["result"]["runs"]
     assert len(runs) == 2 * (1 + 2 * 3)
     assert all(r["equal_to_ar"] for r in runs), [r for r in runs if not r["equal_to_ar"]]
-    for setting in ("plain", "fixed"):
+    for setting in ("plain", "fixed-fp64"):
         per_step = {(r["strategy"], r["rate"]): r["tokens_per_step"] for r in runs if r["setting"] == setting}
         assert all(per_step[(s, 0.0)] > 3 for s in STRATEGIES)            # all accepted
         for s in STRATEGIES:

@@ -165,7 +165,8 @@ def _profile(p: dict, res: dict) -> list[str]:
 
 def _e2e(e: dict, _res) -> list[str]:
     out = [f"{e['new_tokens']} new tokens after a {e['prompt_tokens']}-token prompt; the draft is the target "
-           "itself, its rows corrupted at the given rate.", "",
+           "itself (its weights at the plain setting beside a fixed-fp64 target), its rows corrupted at the given "
+           "rate.", "",
            "| setting | strategy | corrupted | tok/s | tokens/step | ms/step | outside forwards | = ar |",
            "|---|---|---|---|---|---|---|---|"]
     for r in e["runs"]:

@@ -29,14 +29,15 @@ def buckets(setting: str, capacity: int) -> dict | None:
     return None if setting == "plain" else {"tokens": [TOKENS], "cache": [capacity]}
 
 
-def engine(model: Decoder, setting: str, device: str, graphs: bool = False):
+def engine(model: Decoder, setting: str, device: str, graphs: bool = False, own_copy: bool = True):
     """The target's engine under `setting`: `fixed-fp64` is the product's own construction
-    (engines/exact.py, on its own copy of the model); `fixed` the same without fp64 attention."""
+    (engines/exact.py, on its own copy of the model unless `own_copy` is off: then `model` itself is
+    made fp64); `fixed` the same without fp64 attention."""
     def make(m):
         return (GraphedTorchEngine if graphs else TorchEngine)(m, device)
 
     if setting == "fixed-fp64":
-        return exact_engine(make, copy.deepcopy(model))
+        return exact_engine(make, copy.deepcopy(model) if own_copy else model)
     eng = make(model)
     if setting == "fixed":
         eng.fixed_rows = eng.exact = True      # padded logit rows, and every step under the cuBLAS flags
