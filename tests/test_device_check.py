@@ -63,6 +63,11 @@ def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(rep
         for name in RUNS[arch][1:]:                           # a target row: the same in any batch
             assert all(d == 0 for d, _ in runs[name]["batch_rows"]["target"].values()), runs[name]["batch_rows"]
         assert all(d > 0 for d, _ in runs["plain"]["batch_rows"]["target"].values())   # (and it can fail)
+        for name in RUNS[arch][1:]:               # a draft padded like the target: its rows too, on the CPU
+            rows = runs[name]["batch_rows"]
+            assert all(d == 0 for d, _ in rows["draft, fixed rows"].values()), rows
+            assert any(d > 0 for d, _ in rows["draft"].values()), rows             # one-row calls alone: a GEMV
+            assert runs[name]["sampled_batch_fixed_draft"] == {"requests": 8, "differ": 0}
         for name, r in runs.items():
             if name == "model":
                 continue

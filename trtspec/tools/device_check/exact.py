@@ -7,7 +7,9 @@ architectures, and for each setting, eager and as CUDA graphs:
 - `batch`: B in 1, 2, 4, 8 requests of mixed strategies at once, each against its own `ar`;
 - `sampled_batch`: 8 sampled requests at once (verified in one batched walk), each against itself alone;
 - `batch_rows`: the target's and the draft's logits in batches of 2, 4, 8 against each call alone,
-  bit for bit (rows.py: what a sampled request's acceptance test reads);
+  bit for bit (rows.py: what a sampled request's acceptance test reads), and the draft's with its
+  one-row calls' logit rows padded (`fixed`); `sampled_batch_fixed_draft`: `sampled_batch` with
+  that draft;
 - `graphs_equal_eager`: the CUDA-graph run's tokens against the eager run's, strategy by strategy;
 - `chi_square`: the first token of sampled `staged` against the target's own distribution;
 - `head`: a target that returns its hidden rows (step contract v4), eager and captured as CUDA graphs
@@ -118,10 +120,22 @@ def check(eng, draft, device, setting, ps, capacity, z, n: int, deadline, share:
                                                   buckets=S.buckets(setting, longest + TREE_ROOM), until=until)
     res["trees"] = {"planned": n, "run": run, "nodes": nodes, "differ": differ, "max_abs_diff": worst,
                     "longest": longest}
-    drafter = TorchEngine(draft, device)
+    # The draft as the exact generator runs it (plain), and with its one-row calls' logit rows padded
+    # to the bucket too (`fixed`): on a CPU only the padded one is batch-invariant (its LM head is
+    # then one GEMM shape per bucket, not a GEMV alone and a GEMM in a batch).
+    drafters = {"draft": TorchEngine(draft, device)}
+    if setting != "plain":
+        drafters["draft, fixed rows"] = S.engine(draft, "fixed", device)
     res["batch_rows"] = {role: batch_rows(e, buckets, capacity, longest)
-                         for role, e in (("target", eng), ("draft", drafter))}
-    drafter.close()
+                         for role, e in (("target", eng), *drafters.items())}
+    for e in drafters.values():
+        e.close()
+    if setting != "plain":                         # the same draft's effect on sampled requests
+        fixed_gen = Generator(eng, S.engine(draft, "fixed", device), capacity=capacity, buckets=buckets, slots=8)
+        try:
+            res["sampled_batch_fixed_draft"] = sampled_batch(fixed_gen, ps, z["tokens"])
+        finally:
+            fixed_gen.close()
     gen = Generator(eng, TorchEngine(draft, device), capacity=capacity, buckets=buckets, slots=8)
     try:
         refs = [gen.generate(p, strategy="ar", max_new_tokens=z["tokens"]).token_ids for p in ps]

@@ -31,7 +31,8 @@ def _exact(e: dict, _res) -> list[str]:
            "step shape, the whole KV buffer, no reduced-precision reductions or split-K), fixed-fp64 (and "
            "fp64 attention); `+graphs`: the same as CUDA graphs.", "",
            "| arch | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
-           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft | graphs = eager | s |",
+           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed rows) "
+           "| graphs = eager | s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for arch, runs in e["archs"].items():
         for name, r in runs.items():
@@ -43,8 +44,9 @@ def _exact(e: dict, _res) -> list[str]:
             t = r["trees"]
             s = r.get("strategies", {})
             batch = "/".join(str(v) for v in r.get("batch", {}).values())
-            sb = r.get("sampled_batch", {})
+            sb, fd = r.get("sampled_batch", {}), r.get("sampled_batch_fixed_draft")
             sampled = f"{sb['differ']} of {sb['requests']}" if sb else ""
+            sampled += f" ({fd['differ']} with a fixed-row draft)" if fd else ""
             out.append(f"| {arch} | {name} | {t.get('run', '?')}: {t['differ']} / {t['nodes']} "
                        f"(max Δ {t['max_abs_diff']:.3g}) | "
                        f"{len(s.get('differ', []))} of {s.get('checked', 0) * s.get('prompts', 0)} | {batch} | "
@@ -67,7 +69,7 @@ def _rows(rows: dict | None) -> str:
     if not rows:
         return ""
     return "; ".join("/".join(str(d) for d, _ in r.values()) + " of " + "/".join(str(n) for _, n in r.values())
-                     for r in rows.values())
+                     + ("" if role in ("target", "draft") else f" ({role})") for role, r in rows.items())
 
 
 def _longest(e: dict):
