@@ -67,7 +67,8 @@ def test_fixed_shapes_with_fp64_attention_are_exact_and_plain_shapes_are_not(rep
             rows = runs[name]["batch_rows"]
             assert all(d == 0 for d, _ in rows["draft, fixed rows"].values()), rows
             assert any(d > 0 for d, _ in rows["draft"].values()), rows             # one-row calls alone: a GEMV
-            assert runs[name]["sampled_batch_fixed_draft"] == {"requests": 8, "differ": 0}
+            if name.startswith("fixed-fp64"):
+                assert runs[name]["sampled_batch_fixed_draft"] == {"requests": 8, "differ": 0}
         for name, r in runs.items():
             if name == "model":
                 continue

@@ -130,7 +130,7 @@ def check(eng, draft, device, setting, ps, capacity, z, n: int, deadline, share:
                          for role, e in (("target", eng), *drafters.items())}
     for e in drafters.values():
         e.close()
-    if setting != "plain":                         # the same draft's effect on sampled requests
+    if setting == "fixed-fp64":                    # that draft on sampled requests, in the product's setting
         fixed_gen = Generator(eng, S.engine(draft, "fixed", device), capacity=capacity, buckets=buckets, slots=8)
         try:
             res["sampled_batch_fixed_draft"] = sampled_batch(fixed_gen, ps, z["tokens"])
