@@ -74,17 +74,23 @@ class GraphedTorchEngine(TorchEngine):
 
     def _capture(self, body: Callable[[], None], key: tuple) -> Callable[[], None]:
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):                # warm-up outside capture, as torch requires
-                for _ in range(self.warmup):
-                    body()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                body()
-            return graph.replay
+            return capture(body, self.warmup)
         except Exception as e:                           # an op that cannot be captured
             log.warning("CUDA graph capture failed for step shape %s (%s: %s); running eagerly",
                         key, type(e).__name__, e)
             return body
+
+
+def capture(body: Callable[[], object], warmup: int = 2) -> Callable[[], None]:
+    """`body` captured as a CUDA graph; returns its replay. Warmed up on a side stream first, as
+    torch requires. Raises where capture fails (the caller decides what runs instead)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    return graph.replay

@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from ...engines.cuda_graphs import capture as graph_capture
 from ...export.model import Decoder
 from ...export.spec import ModelSpec
 from ...export.tiny import tiny_spec
@@ -106,19 +107,9 @@ def steps(model: Decoder, past: torch.Tensor, b: int, t: int, c: int, device: st
 
 
 def capture(step):
-    """(`step` captured as a CUDA graph's replay, None) or (None, why not): warmed up on a side
-    stream first, as torch requires."""
+    """(`step` captured as a CUDA graph's replay, None) or (None, why not): the engine's capture."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        return graph.replay, None
+        return graph_capture(step), None
     except Exception as e:                       # noqa: BLE001 - recorded, the curve goes on
         return None, f"{type(e).__name__}: {e}"[:300]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...export.model import rotate_half
 from ...export.spec import ModelSpec
 from .timing import is_cuda
 
@@ -50,7 +51,7 @@ class Reference(torch.nn.Module):
         for layer, (kc, vc) in zip(self.layers, self.cache):
             y = F.rms_norm(x, (x.shape[-1],), layer["norm1"], eps)
             q, k, v = F.linear(y, layer["qkv"]).view(b, t, h + 2 * kv, d).transpose(1, 2).split([h, kv, kv], 1)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
             kc[:, :, past:past + t] = k
             vc[:, :, past:past + t] = v
             a = F.scaled_dot_product_attention(q, kc[:, :, :past + t], vc[:, :, :past + t], attn_mask=mask,
@@ -61,7 +62,3 @@ class Reference(torch.nn.Module):
             x = x + F.linear(F.silu(gate) * up, layer["down"])
         return F.linear(F.rms_norm(x, (x.shape[-1],), self.norm, eps), self.lm_head)
 
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
