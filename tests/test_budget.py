@@ -255,6 +255,29 @@ def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
     assert not Proposer(costly).feeds(sfx, frontier, 2, ahead=8)
 
 
+def test_beside_a_head_the_draft_is_measured_once_then_judged_by_its_measure():
+    """A drafter that offers a tree every step (a head) would keep a draft judged by its prior top-1
+    (0.5) from ever being fed, so from ever being measured (docs/bench/head-role/why_no_draft.txt).
+    Asked with `measure`, an unmeasured draft is weighed as the gate's optimistic one; once measured
+    (`Values.measure_top1` replaces the prior), by what it showed; without `measure`, as before."""
+    head, frontier = [0.6, 0.3], [0.4, 0.3]            # the head's tree; where a draft would add to it
+    feeds = {}
+    for measured in (None, 0.05, 0.97):
+        pol = AutoBudget(ROWS, max_nodes=32, left=128)
+        pol.begin(512)
+        if measured is not None:
+            pol.values.measure_top1(measured)
+        for measure in (False, True):
+            feeds[measured, measure] = pol.plan(Round(known=head, feed=frontier, rows=2, ahead=8,
+                                                      measure=measure)).feed
+    assert not feeds[None, False] and feeds[None, True]                  # the prior alone: never fed
+    assert not feeds[0.05, True] and feeds[0.97, True]                   # measured: judged by it
+    values = Values()
+    values.saw_top1(0.97)
+    values.measure_top1(0.05)                          # a draft seen already: its running estimate stays
+    assert values.top1 == pytest.approx(0.7 * 0.5 + 0.3 * values.f(0.97)) and values.top1_seen == 1
+
+
 def test_a_free_tree_must_beat_the_batch_all_at_ar():
     """A suffix tree costs no draft forward, but it pads every row of a batched verify: it is taken only
     if the batch's rate with it beats everyone at ar, not merely the batch as the neighbours padded

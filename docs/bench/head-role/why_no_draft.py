@@ -2,7 +2,8 @@
 role"): each step asks the budget whether a draft forward beats the head's tree (`_worth_feeding`);
 this records its inputs (the draft's running top-1 acceptance, the catch-up charge) and answers on
 the first HumanEval prompt, as it is, without the catch-up charge, and with the draft's top-1 at 0.75
-(about what it measures where it runs).
+(about what it measures where it runs). why_no_draft.txt: before the draft was measured beside a
+head (`Round.measure`); why_no_draft_measured.txt: after.
 
     python why_no_draft.py FOLDER      # a folder built from qwen2.5-coder-1.5b-medusa.yaml
 """
@@ -21,12 +22,12 @@ worth = auto.AutoBudget._worth_feeding
 
 
 def run(folder: str, label: str, catch_up: bool = True, top1: float | None = None) -> None:
-    def spy(self, candidates, fed, tokens, ahead=1):
+    def spy(self, candidates, fed, tokens, ahead=1, hope=None):
         if not catch_up:
             self.catch_up_s = 0.0
         if top1 is not None:
             self.values.top1 = max(self.values.top1, top1)
-        got = worth(self, candidates, fed, tokens, ahead)
+        got = worth(self, candidates, fed, tokens, ahead, hope)
         asked.append((round(self.values.top1, 3), round(self.catch_up_s * 1e3, 1), got))
         return got
 

@@ -115,7 +115,9 @@ class AutoBudget:
         self._sync(r.tree, r.forwards)
         known, take, feed, rows = list(r.known), 0, False, r.rows
         if r.rows:
-            feed = self._worth_feeding(known, list(r.feed), r.rows, r.ahead)
+            unseen = r.measure and not self.values.top1_seen       # the draft never measured: hope, as the gate
+            feed = self._worth_feeding(known, list(r.feed), r.rows, r.ahead,
+                                       max(self.values.top1, HOPE_TOP1) if unseen else None)
         elif r.free:
             take = self._take_free(known)
         else:
@@ -195,13 +197,15 @@ class AutoBudget:
                 best, best_rate = k, r
         return best, best_rate
 
-    def _worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1) -> bool:
+    def _worth_feeding(self, candidates: list[float], fed: list[float], tokens: int, ahead: int = 1,
+                       top1: float | None = None) -> bool:
         """One more draft forward over `tokens` rows (feeding the nodes of values `fed`): worth it if the
         best tree reachable with it and up to `ahead` - 1 more forwards (`_ahead`) beats the best of
         the known `candidates` without it. The forward that would open the tree (none ran yet this
         step) carries the draft's catch-up, as in `could_pay`: a suffix tree is weighed against a
-        draft that must first be prefilled."""
-        rates = self._ahead(candidates, fed, tokens, max(ahead, 1), per_token=0.0 if self.rounds else self._catch_up())
+        draft that must first be prefilled. `top1` replaces the draft's running top-1 (Round.measure)."""
+        rates = self._ahead(candidates, fed, tokens, max(ahead, 1), top1,
+                            per_token=0.0 if self.rounds else self._catch_up())
         return max(rates[1:]) > rates[0]
 
     def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int,

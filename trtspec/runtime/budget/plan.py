@@ -24,7 +24,11 @@ class Round:
       `rows` > 0 would weigh it after the take, against the next `width` of `known`.
     - `bar_ahead`: also answer the bars of nodes that join later in the round, once their values
       are known (a drawn child, a kept review token): `Plan.bars`, for up to `bar_ahead` more draft
-      forwards of look-ahead below such a node."""
+      forwards of look-ahead below such a node.
+    - `measure` (with `rows` > 0): a drafter beside the draft offers a tree every step (a head), so
+      the draft's prior top-1 alone might keep it from ever being fed, so from ever being measured:
+      while the request has not seen the draft's top-1, the feed is weighed with an optimistic draft
+      (the gate's), and the proposer measures what that forward shows (`Values.measure_top1`)."""
     tree: Sequence[float] = ()          # values of the nodes in the tree now, in the order they joined it
     forwards: Sequence[int] = ()        # rows of each draft forward this step so far (the first opened the tree)
     known: Sequence[float] = ()
@@ -35,6 +39,7 @@ class Round:
     free: bool = False
     then: int | None = None
     bar_ahead: int | None = None
+    measure: bool = False
 
 
 def joined(value: dict) -> list[float]:

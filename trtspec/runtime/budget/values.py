@@ -9,7 +9,9 @@ never reads a drafter's internals.
   chains it reviewed; each scored drafter's own scores, `of(tag)`: e.g. a suffix trie's empirical
   probabilities), learned from every verified step (`calibrate`, called by the budget's
   `observe`), and the draft's running calibrated top-1 acceptance (`top1`: what the budget's
-  look-ahead guesses a fed node's best child is worth).
+  look-ahead guesses a fed node's best child is worth; its prior 0.5 until the first fed node, or
+  replaced by one measurement, `measure_top1`, where a drafter beside the draft offers a tree every
+  step and the prior would keep the draft from ever running).
 - uncalibrated (a fixed budget): a value is the cumulative draft (or drafter's) probability, and a
   sampled child is worth its parent (every node of a fixed tree is taken anyway).
 """
@@ -31,6 +33,7 @@ class Values:
         self.f = Acceptance() if calibrated else None          # the draft model's (and reviewed chains')
         self.scored: dict[int, Acceptance] = {}                # each other drafter's, by its tag
         self.top1 = 0.5 if calibrated else 1.0                 # running f(top-1 probability) at fed nodes
+        self.top1_seen = 0                                     # fed nodes it has seen (0: the prior alone)
 
     def of(self, source: int) -> Acceptance | None:
         """The calibration of the scores of `source` (proposal.SOURCES): the draft model's for its own
@@ -66,6 +69,14 @@ class Values:
         """A fed node's top-1 draft probability (a float, or a device scalar: read only when calibrated)."""
         if self.calibrated:
             self.top1 = (1 - EMA) * self.top1 + EMA * self.f(float(q))
+            self.top1_seen += 1
+
+    def measure_top1(self, q) -> None:
+        """The draft's first top-1 probability, where the request had no view of its draft: it replaces
+        the prior (which alone may keep the draft from ever being fed, so from ever being measured)."""
+        if self.calibrated and not self.top1_seen:
+            self.top1 = self.f(float(q))
+            self.top1_seen = 1
 
     def calibrate(self, tree_size: int, path: np.ndarray, parents: np.ndarray,
                   node_q: Callable[[], np.ndarray] | None, source: np.ndarray | None = None) -> None:

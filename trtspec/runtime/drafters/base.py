@@ -54,6 +54,7 @@ class Drafter:
     reads_hidden = False  # it reads `st.hidden`, the target's hidden rows (a head: target.hidden_rows)
     reads_head: str | None = None   # the kind of head role it asks (`heads:` in the config; st.heads)
     mix_match = 0         # a scored drafter's candidates join a draft model's tree after a match this long
+    always_offers = False  # it offers a tree every step (a head): beside it the draft is measured once (staged)
 
     def __init__(self, scope: str = "default") -> None:
         self.scope = scope            # what a drafter that learns across requests shares them by

@@ -20,7 +20,10 @@ top-k is worth at most the k-th probability there.
 Before any draft forward the budget decides whether one pays at all: where the
 drafters' candidates alone make the better step (a repetitive stretch), the step is a tree of them
 alone (merged, drafters/base.py) and the draft catches up later; where the gate finds no draft
-forward worth it (a crowded batch), that tree is still proposed (`free`).
+forward worth it (a crowded batch), that tree is still proposed (`free`). Beside a drafter that
+offers a tree every step (a head: `always_offers`), that decision is first made with an optimistic
+draft until the request has seen the draft's top-1 (`Round.measure`): else the prior alone keeps
+the draft from ever being fed, so from ever being measured (docs/bench/head-role/why_no_draft.txt).
 Children are deterministic (top tokens, copies), so sampling verification uses the exact q = one-hot
 rule. With `budget: auto` (the default) the budget (budget/auto.py) is asked once per round: how many
 of the best candidates pay for their verify cost, whether the draft forward that feeds them (with
@@ -78,10 +81,13 @@ class Staged(Strategy):
         budget, values = st.budget, st.values
         offered = offers(st, self.scored, self.nodes)
         sfx, tags = merged(offered, self.nodes)
+        measure = any(d.always_offers for d, _, cands in offered if cands)    # a head's tree, every step
         if sfx and not budget.plan(Round(known=[c.value for c in sfx], feed=_draft_frontier(sfx), rows=2,
-                                         ahead=self.max_rounds)).feed:
+                                         ahead=self.max_rounds, measure=measure)).feed:
             return as_tree(st, sfx, tags, offer_stats(offered))   # no draft forward pays: the drafters' alone
         tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
+        if measure:
+            values.measure_top1(tree.top[0][0][0])        # the draft's first measure replaces its prior
         order = itertools.count()                  # heap ties: the earlier candidate first
         value = {0: 1.0}                           # each node's value, in the order it joined (the root first)
         heap: list = []                            # (-value, order, source, key): the candidates of every source
