@@ -334,18 +334,23 @@ LARK_NUM = Grammar("lark", 'start: "x=" NUM\nNUM: /[0-9]{1,2}/')
 def test_jump_forward_emits_forced_tokens_without_their_own_step(ggen, tok, monkeypatch):
     """Tokens the grammar forces (one legal token) ride on the step that reaches them: `ar` under a
     JSON schema takes fewer target steps than it emits tokens, with the same output as without
-    jump-forward; every strategy equals it."""
-    from trtspec.runtime.grammar import GrammarState
+    jump-forward; every strategy equals it. The forced tokens are a drafter (`grammar`) that a
+    strategy may also list: with the step's jump-forward off, `ngram:drafter=grammar` still skips
+    steps on the forced chains it verifies, and `staged:drafter=grammar+ngram` equals `ar`."""
+    from trtspec.runtime.drafters import Forced
     prompt = tok.encode("hello world, the answer is")
     sp = SamplingParams(grammar=GRAMMARS[1])
     fast = ggen.generate(prompt, strategy="ar", max_new_tokens=48, sampling=sp)
     forced = sum(s.extra.get("forced", 0) for s in fast.steps)
     assert forced > 0 and fast.stats["target_steps"] < len(fast.token_ids)
     with monkeypatch.context() as m:
-        m.setattr(GrammarState, "forced", lambda self, tree, bits, most=0: ([], [], np.zeros((0, self.words), np.int32)))
+        m.setattr(Forced, "grow", lambda self, st, proposal, masks, most=0: (proposal, masks))
         slow = ggen.generate(prompt, strategy="ar", max_new_tokens=48, sampling=sp)
+        listed = ggen.generate(prompt, strategy="ngram:drafter=grammar", max_new_tokens=48, sampling=sp)
     assert slow.token_ids == fast.token_ids and slow.stats["target_steps"] == len(slow.token_ids)
-    for name in STRATEGIES:
+    assert listed.token_ids == fast.token_ids and listed.stats["target_steps"] < len(listed.token_ids)
+    assert all(set(s.extra.get("sources", {})) <= {"grammar"} for s in listed.steps)
+    for name in [*STRATEGIES, "staged:drafter=grammar+ngram"]:
         assert ggen.generate(prompt, strategy=name, max_new_tokens=48, sampling=sp).token_ids == fast.token_ids, name
 
 

@@ -16,7 +16,9 @@ schema), and it depends on nothing, where xgrammar's wheel pulls torch, transfor
   child the mask forbids is marked (the step prunes it and its subtree before the target sees the
   tree), an allowed child is consumed, visited and rolled back, so each branch sees its own path
   and the state is forked without a copy. `masks(paths)` is what may follow each of a draft's
-  frontier paths (the draft's distributions are masked too: DecodeState.constrain). `consume(tokens)`
+  frontier paths (the draft's distributions are masked too: DecodeState.constrain). `fit(proposal)`
+  prunes what the grammar forbids from a step's tree; `mask_after(path)` and `only(row)` are what
+  its drafter asks (drafters/forced.py: the tokens it forces, jump-forward). `consume(tokens)`
   consumes the emitted tokens.
 
 The grammar's end is the generator's stop tokens (the tokenizer's EOS list): once the output is
@@ -31,12 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import RequestError
-from ..options import MAX_STEP_TOKENS
-from .proposal import GRAMMAR, Proposal
+from .proposal import Proposal
 from .tree import TokenTree
 
 KINDS = ("json_schema", "json_object", "regex", "lark")
-JUMP = 16          # forced tokens a step may add to its tree (jump-forward)
 # JSON as json.dumps writes it ({"a": 1, "b": [2, 3]}): without it any run of whitespace is legal
 # between tokens, and a model may spend its whole budget on it.
 JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -141,55 +141,39 @@ class GrammarState:
         self.matcher, self.vocab_size, self.stop_ids = matcher, vocab_size, frozenset(stop_ids)
         self.words = (vocab_size + 31) // 32
 
-    def fit(self, proposal: Proposal, max_step: int = MAX_STEP_TOKENS) -> tuple[Proposal, np.ndarray]:
+    def fit(self, proposal: Proposal) -> tuple[Proposal, np.ndarray]:
         """A proposal as the target may see it under this grammar, and each node's mask: nodes the
-        grammar forbids pruned with their subtrees, then forced tokens added (jump-forward) while the
-        tree stays within `max_step` tokens (the target's largest step)."""
+        grammar forbids pruned with their subtrees (the tokens it forces are a drafter's to add:
+        drafters/forced.py)."""
         keep, masks = self.tree_masks(proposal.tree)
         if not keep.all():
             proposal, masks = proposal.subset(keep), masks[keep]
-        parents, tokens, more = self.forced(proposal.tree, masks, min(JUMP, max_step - len(proposal.tree)))
-        if tokens:
-            proposal, masks = proposal.extend(parents, tokens, GRAMMAR), np.concatenate([masks, more])
         return proposal, masks
 
-    def forced(self, tree: TokenTree, bits: np.ndarray, most: int = JUMP) -> tuple[list[int], list[int], np.ndarray]:
-        """Jump-forward: (parents, tokens, masks) of the nodes to add, up to `most`. Where a node's
-        mask allows exactly one token (llguidance forces one tokenization of what a grammar fixes:
-        keys, brackets, separators), that token has probability 1 under the constrained target, so
-        it is added as the node's child (unless it has it) and again after it: the walk accepts it
-        whenever it reaches the node, and the step emits it without a target forward of its own.
-        A stop token is added (it ends the output) but never extended."""
-        n = len(tree)
-        parents, tokens, rows = [], [], []
-        have = {(int(p), int(t)) for p, t in zip(tree.host_parents[1:], tree.host_tokens[1:])}
-        paths = {}
-        todo = [i for i in range(n) if int(tree.host_tokens[i]) not in self.stop_ids or i == 0]
+    @staticmethod
+    def only(row: np.ndarray) -> int | None:
+        """The one token a mask row (int32 words) allows, or None where it allows none or several."""
+        words = row.view(np.uint32)
+        if int(np.bitwise_count(words).sum()) != 1:
+            return None
+        word = int(np.flatnonzero(words)[0])
+        return 32 * word + int(words[word]).bit_length() - 1
+
+    def mask_after(self, path: list[int]) -> np.ndarray | None:
+        """The mask row (int32 words) of what may follow `path` (tokens after the output so far); None
+        where the grammar does not allow the path."""
         m = self.matcher
-        while todo and len(tokens) < most:
-            node = todo.pop(0)
-            row = bits[node] if node < n else rows[node - n]
-            if int(np.bitwise_count(row.view(np.uint32)).sum()) != 1:
-                continue
-            word = int(np.flatnonzero(row)[0])
-            tok = 32 * word + (int(row.view(np.uint32)[word]).bit_length() - 1)
-            if (node, tok) in have or tok >= self.vocab_size:
-                continue
-            path = paths[node] if node >= n else tree.host_tokens[tree.path(node)[1:]].tolist()
-            child = n + len(tokens)
-            parents.append(node)
-            tokens.append(tok)
-            paths[child] = path + [tok]
-            new = np.full(self.words, -1, dtype=np.int32)
-            if tok not in self.stop_ids and m.validate_tokens(paths[child]) == len(paths[child]):
-                m.consume_tokens(paths[child])
-                self._fill(new[None], 0)
-                m.rollback(len(paths[child]))
-                todo.append(child)
-            rows.append(new)
+        if path and m.validate_tokens(path) < len(path):
+            return None
+        row = np.full(self.words, -1, dtype=np.int32)
+        if path:
+            m.consume_tokens(path)
+        self._fill(row[None], 0)
+        if path:
+            m.rollback(len(path))
         if m.is_error():
-            raise RuntimeError(f"grammar matcher failed while adding forced tokens: {m.get_error()}")
-        return parents, tokens, np.array(rows, dtype=np.int32).reshape(len(rows), self.words)
+            raise RuntimeError(f"grammar matcher failed while masking a path: {m.get_error()}")
+        return row
 
     def _fill(self, bits: np.ndarray, row: int) -> None:
         self.matcher.unsafe_compute_mask_ptr(bits[row:].ctypes.data, bits[row].nbytes)

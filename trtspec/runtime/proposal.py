@@ -34,10 +34,10 @@ from .tree import TokenTree
 
 # Who proposed a node, by tag: the models' own first (the draft model; a cheap chain the draft
 # reviewed and kept: staged's stage 2, cascade's reviews, valued by the draft's probabilities; a
-# grammar that leaves one legal token: jump-forward, grammar.py, added by the step and accepted
-# whenever its parent is), then each drafter (drafters/) under its registry name, added as it is
-# first used (`tag`). The step reports the mix by name (`sources`); the budget calibrates each
-# drafter's scores apart (budget/values.py).
+# grammar that leaves one legal token: jump-forward, drafters/forced.py, added by the step and
+# accepted whenever its parent is; its drafter's registry name is the same tag), then each drafter
+# (drafters/) under its registry name, added as it is first used (`tag`). The step reports the mix
+# by name (`sources`); the budget calibrates each drafter's scores apart (budget/values.py).
 SOURCES: list[str] = ["draft", "review", "grammar"]
 DRAFT, REVIEW, GRAMMAR = range(len(SOURCES))
 _TAGS = threading.Lock()

@@ -3,8 +3,8 @@
     prepare (what the strategy's drafters need from a head, asked with the batch's other requests')
     -> propose (the strategy; when the budget's ar gate says no draft forward pays, only what the
     strategy can propose for free: a suffix tree, or the root alone, a plain ar step)
-    -> the grammar's masks over the tree, nodes it forbids pruned, tokens it forces added (grammar.py;
-    with a grammar only)
+    -> the grammar's masks over the tree, nodes it forbids pruned (grammar.py), tokens it forces
+    added (its drafter, drafters/forced.py; with a grammar only)
     -> one target forward over the tree -> each node's logits under the request's rules (logits.py:
     penalties of its own path, logit_bias, min_tokens, the grammar's mask) -> exact acceptance
     (verify.py, on the device, chosen with the phase's other requests' trees in one pass and read
@@ -24,10 +24,13 @@ import torch
 
 from . import verify
 from .decode import DecodeState, StepStats
+from .drafters import Forced
 from .logits import shape, token_logprobs
 from .proposal import SOURCES, Proposal
 from .runner import Calls
 from .sampling import probs_from_logits
+
+FORCED = Forced()                          # the grammar's forced tokens: every request under a grammar
 
 
 def step(st: DecodeState, strategy) -> Calls:
@@ -48,7 +51,8 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     t0 = time.perf_counter()
     masks = None
     if st.grammar is not None:             # forbidden drafts pruned, forced tokens added (jump-forward)
-        proposal, masks = st.grammar.fit(proposal, st.target.batcher.max_step)
+        proposal, masks = st.grammar.fit(proposal)
+        proposal, masks = FORCED.grow(st, proposal, masks, st.target.batcher.max_step - len(proposal.tree))
     tree = proposal.tree.to(st.target.engine.device)
     raw = yield from st.target.verify(tree)
     logits = shape(st, tree, raw, masks)

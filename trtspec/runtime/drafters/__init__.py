@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ...errors import ConfigError
 from .base import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
+from .forced import Forced
 from .medusa import Medusa
 from .ngram import NGram
 from .suffix import SuffixDrafter
@@ -15,6 +16,7 @@ DRAFTERS: dict[str, type[Drafter]] = {
     "ngram": NGram,
     "suffix": SuffixDrafter,
     "medusa": Medusa,
+    "grammar": Forced,
 }
 
 
@@ -25,5 +27,5 @@ def make_drafter(name: str, where: str, /, **options) -> Drafter:
     return DRAFTERS[name](**options)
 
 
-__all__ = ["Candidate", "DRAFTERS", "Drafter", "Medusa", "NGram", "SuffixDrafter", "as_tree", "first_chain",
+__all__ = ["Candidate", "DRAFTERS", "Drafter", "Forced", "Medusa", "NGram", "SuffixDrafter", "as_tree", "first_chain",
            "make_drafter", "merged", "offer_stats", "offers", "together"]
