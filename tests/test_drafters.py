@@ -130,7 +130,9 @@ def test_an_override_of_the_drafter_wins_over_the_config_s_other_spelling(oracle
     configured = {"staged": {"suffix": True}, "cascade": {"drafter": "oracle"}}
 
     def names(spec, **overrides):
-        return [d.name for d in strategy(spec, configured, **overrides).drafters]
+        model, *free = [d.name for d in strategy(spec, configured, **overrides).drafters]
+        assert model == "draft"                      # both run the draft model: first in their list
+        return free
     assert names("staged") == ["suffix"]
     assert names("staged:drafter=ngram") == ["ngram"]
     assert names("staged:drafter=oracle") == ["oracle"]
@@ -141,6 +143,9 @@ def test_an_override_of_the_drafter_wins_over_the_config_s_other_spelling(oracle
     with pytest.raises(ConfigError) as e:
         Staged(drafter="oracle", suffix=True)
     assert "\n" not in str(e.value) and "give one" in str(e.value)
+    with pytest.raises(ConfigError) as e:                # the draft model is the strategy's own, first
+        Staged(drafter="draft+suffix")
+    assert "\n" not in str(e.value) and "'draft': a model's drafter" in str(e.value)
 
 
 class Wrong(Oracle):

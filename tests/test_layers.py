@@ -130,14 +130,17 @@ def test_strategies_only_propose():
 def test_strategies_reach_drafters_through_their_registry():
     """A strategy names its drafter (`make_drafter`, runtime/drafters/__init__.py) and reads its nodes'
     source from the drafter's tag: no strategy imports a drafter's module or the algorithms behind one
-    (ngram.py, suffix.py), and every drafter file holds a registered drafter (a new one is its file and
-    a registry line)."""
+    (ngram.py, suffix.py, draft_tree.py: the draft model is a drafter too, first in the list of a
+    strategy that runs it, and no strategy runs the draft's runner but through it), and every drafter
+    file holds a registered drafter (a new one is its file and a registry line)."""
     mods = modules()
-    behind = {"trtspec.runtime.ngram", "trtspec.runtime.suffix"}
+    behind = {"trtspec.runtime.ngram", "trtspec.runtime.suffix", "trtspec.runtime.draft_tree"}
     for m, path in mods.items():
         if m.startswith("trtspec.runtime.strategies."):
             bad = {i for i in imports(m, path) if i in behind or i.startswith("trtspec.runtime.drafters.")}
             assert not bad, f"{path.name} imports {sorted(bad)}"
+            text = path.read_text()
+            assert "st.draft." not in text and "st.draft_catch_up" not in text, f"{path.name} runs the draft itself"
     registry = ast.parse((PKG / "runtime" / "drafters" / "__init__.py").read_text())
     table = next(n.value for n in ast.walk(registry) if isinstance(n, ast.AnnAssign) and n.target.id == "DRAFTERS")
     registered = {ast.literal_eval(k): v.id for k, v in zip(table.keys, table.values)}

@@ -324,7 +324,6 @@ def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, c
     for Cascade() on [7] * 12 and for Cascade(k_draft=4, k_mag=0, mag_len=3, bigram=random table) on
     [250] (13 slots, 14 nodes on the first step). The capacity handed to DraftTree must cover the
     worst case, and these runs must complete and equal ar."""
-    from trtspec.runtime.strategies import cascade as cascade_mod
     if case == "defaults-repetitive":
         prompt, strat, n = [7] * 12, Cascade(), MAX_NEW
     elif case == "bigram-minimal":
@@ -332,13 +331,13 @@ def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, c
     else:
         prompt, strat, n = [3, 17, 99, 3, 17], Cascade(bigram=bigram_tables[512]), MAX_NEW
     caps = []
-    real = cascade_mod.DraftTree.open
+    real = strat.model.open                     # the draft model, as the strategy's drafter
 
-    def spy(st, capacity=512):
+    def spy(st, capacity=512, top_k=1):
         caps.append(capacity)
-        return real(st, capacity)
+        return real(st, capacity, top_k)
 
-    monkeypatch.setattr(cascade_mod.DraftTree, "open", staticmethod(spy))
+    monkeypatch.setattr(strat.model, "open", spy)
     res = gens["llama"].generate(prompt, strategy=strat, max_new_tokens=n)
     assert res.token_ids == ar_ref("llama", prompt, n)
     assert caps and min(caps) >= cascade_worst_nodes(strat)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ...options import checked_init
 from ..decode import DecodeState
-from ..drafters import Drafter, make_drafter
+from ..drafters import DRAFTERS, DraftModel, Drafter, make_drafter
 from ..proposal import Proposal
 from ..runner import Calls
 
@@ -29,7 +29,8 @@ class Strategy:
     needs_draft = False
     auto = False       # budget: auto (the request's budget sizes every tree, up to `nodes`)
     nodes = 0          # the most nodes a tree adds to its root (the cap, with auto)
-    drafters: tuple[Drafter, ...] | list[Drafter] = ()   # the free drafters it grows trees with, in order
+    drafters: tuple[Drafter, ...] | list[Drafter] = ()   # the drafters it grows trees with, in order (the
+    #                                                      draft model first where it runs one: `model`)
 
     def __init__(self) -> None:
         pass
@@ -89,12 +90,23 @@ class Strategy:
         return ["suffix"] if suffix else names
 
     def cheap_drafters(self, names: list[str], only: dict[str, dict] | None = None, **options) -> list[Drafter]:
-        """The drafters `names`, each with `options` (and `only[name]`, options for that one alone),
-        through the registry (an unknown name: a ConfigError naming `strategies.NAME.drafter` and the
-        choices). They are the strategy's `drafters`: `finished` reaches each."""
+        """The free drafters `names`, each with `options` (and `only[name]`, options for that one alone),
+        through the registry (an unknown name, or a model's drafter: a ConfigError naming
+        `strategies.NAME.drafter` and the choices). They are the strategy's `drafters`, after the
+        draft model where the strategy runs one (`model`); `finished` reaches each. Returns the free ones."""
         where = f"strategies.{self.name}.drafter"
-        self.drafters = [make_drafter(n, where, **options, **(only or {}).get(n, {})) for n in names]
-        return self.drafters
+        free = [make_drafter(n, where, **options, **(only or {}).get(n, {})) for n in names]
+        if owned := [d.name for d in free if d.role]:
+            raise ConfigError(f"{where} = {owned[0]!r}: a model's drafter, not a free one (a strategy that runs "
+                              "the draft model holds it already); name free drafters: "
+                              + ", ".join(n for n, d in DRAFTERS.items() if not d.role))
+        self.drafters = ([make_drafter("draft", where)] if self.needs_draft else []) + free
+        return free
+
+    @property
+    def model(self) -> DraftModel:
+        """The draft model, as a drafter: first of the drafters of a strategy that runs it (`needs_draft`)."""
+        return self.drafters[0]
 
     def sized(self, budget: int | str, cap: int) -> None:
         """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""

@@ -34,7 +34,6 @@ from ...errors import ConfigError
 from ...options import Drafters, auto_or
 from ..budget import Round, joined
 from ..decode import DecodeState
-from ..draft_tree import DraftTree
 from ..drafters import first_chain
 from ..runner import Calls
 from .base import Strategy
@@ -67,7 +66,7 @@ class Cascade(Strategy):
     def propose(self, st: DecodeState) -> Calls:
         budget, values = st.budget, st.values
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
-        tree = yield from DraftTree.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
+        tree = yield from self.model.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
         chain: list[int] = []                       # node ids, in order
         last, value = 0, {0: 1.0}                   # each node's value, in the order it joined (the root first)
         while len(chain) < self.kd:

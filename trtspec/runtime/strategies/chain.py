@@ -28,6 +28,7 @@ class ChainSpeculative(Strategy):
     def __init__(self, k: Budget = "auto", max_k: TreeSize = 8):
         self.k, self.max_k = k, max_k
         self.sized(k, max_k)
+        self.cheap_drafters([])                   # the draft model alone
 
     def max_draft_rows(self) -> int:
         return self.nodes - 1
@@ -37,11 +38,11 @@ class ChainSpeculative(Strategy):
         draft cache may lag the sequence by a token or two (the bonus token, or the last draft whose
         KV was never computed), so the first call feeds every pending token with the root. Draft row
         of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
-        runner, budget, values, greedy = st.draft, st.budget, st.values, st.sampling.greedy
-        f0 = runner.forwards
-        yield from st.draft_catch_up()
+        model, budget, values, greedy = self.model, st.budget, st.values, st.sampling.greedy
+        f0 = model.forwards(st)
+        yield from model.catch_up(st)
         pending = st.pending()
-        logits = yield from runner.extend(pending)
+        logits = yield from model.extend(st, pending)
         forwards = [len(pending)]                  # rows of each draft forward (the budget's facts)
         drafts: list[int] = []
         qs, probs, joined = [], [], []
@@ -71,13 +72,13 @@ class ChainSpeculative(Strategy):
             drafts.append(tok)
             if not plan.feed:
                 break
-            logits = yield from runner.extend([tok])
+            logits = yield from model.extend(st, [tok])
             fed += 1
             forwards.append(1)
         # row 0 (the root) is never verified against q
         q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs) if qs else None
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
-        return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), runner.forwards - f0,
+        return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), model.forwards(st) - f0,
                         lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())),
                         values=joined, forward_rows=forwards)

@@ -22,7 +22,7 @@ step.
 from __future__ import annotations
 
 import heapq
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import torch
 from pydantic import Field
@@ -30,9 +30,11 @@ from pydantic import Field
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
 from ..budget import Plan, Round, joined
 from ..decode import DecodeState
-from ..draft_tree import DraftTree
 from ..runner import Calls, read
 from .base import Strategy
+
+if TYPE_CHECKING:
+    from ..draft_tree import DraftTree
 
 
 class DySpec(Strategy):
@@ -45,6 +47,7 @@ class DySpec(Strategy):
         self.variant, self.budget, self.max_budget, self.batch = variant, budget, max_budget, batch
         self.threshold, self.max_depth = threshold, max_depth
         self.sized(budget, max_budget)
+        self.cheap_drafters([])                   # the draft model alone
 
     def max_draft_rows(self) -> int:
         return self.nodes                      # every fed node was added first
@@ -92,7 +95,7 @@ class DySpec(Strategy):
         return self.max_depth - int(tree.depth[parent]) - 1
 
     def propose(self, st: DecodeState) -> Calls:
-        tree = yield from DraftTree.open(st, capacity=self.nodes + 2)
+        tree = yield from self.model.open(st, capacity=self.nodes + 2)
         st.values.saw_top1(tree.top[0][0][0])
         value = {0: 1.0}                        # each node's value, in the order it joined (the root first)
         if self.variant == "heap":

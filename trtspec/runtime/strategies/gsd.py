@@ -20,7 +20,7 @@ verify cost is left out, with its subtree); a step where no tree pays is a plain
 from __future__ import annotations
 
 from collections import deque
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from pydantic import Field
@@ -28,9 +28,11 @@ from pydantic import Field
 from ...options import Budget, Fraction, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
-from ..draft_tree import DraftTree
 from ..runner import Calls
 from .base import Strategy
+
+if TYPE_CHECKING:
+    from ..draft_tree import DraftTree
 
 
 class GSD(Strategy):
@@ -45,6 +47,7 @@ class GSD(Strategy):
         self.max_depth, self.budget, self.max_budget = max_depth, budget, max_budget
         self.max_draft_nodes = max_draft_nodes
         self.sized(budget, max_budget)
+        self.cheap_drafters([])                   # the draft model alone
 
     def max_draft_rows(self) -> int:
         # Fed frontier nodes: those at depths 1 .. max_depth-1, at most top_k**d of them at depth d.
@@ -89,7 +92,7 @@ class GSD(Strategy):
 
     def propose(self, st: DecodeState) -> Calls:
         budget = st.budget
-        tree = yield from DraftTree.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
+        tree = yield from self.model.open(st, capacity=self.max_draft_nodes + self.nodes + 2, top_k=self.top_k)
         path_p = {0: 1.0}                       # each node's value: its (calibrated) path probability
         merged: dict[int, list[int]] = {}       # DAG edges that are not tree edges: parent -> [node]
         confident = {0: True}

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from pydantic import Field
@@ -42,11 +42,13 @@ from pydantic import Field
 from ...options import Budget, Drafters, Fraction, TreeSize
 from ..budget import Plan, Round, Values, joined
 from ..decode import DecodeState
-from ..draft_tree import DraftTree
 from ..drafters import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
 from ..proposal import DRAFT, Proposal
 from ..runner import Calls
 from .base import Strategy
+
+if TYPE_CHECKING:
+    from ..draft_tree import DraftTree
 
 Small = Annotated[int, Field(ge=1, le=64)]
 
@@ -85,7 +87,7 @@ class Staged(Strategy):
         if sfx and not budget.plan(Round(known=[c.value for c in sfx], feed=_draft_frontier(sfx), rows=2,
                                          ahead=self.max_rounds, measure=measure)).feed:
             return as_tree(st, sfx, tags, offer_stats(offered))   # no draft forward pays: the drafters' alone
-        tree = yield from DraftTree.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
+        tree = yield from self.model.open(st, capacity=self.max_tree_size() + 1, top_k=self.top_k)
         if measure:
             values.measure_top1(tree.top[0][0][0])        # the draft's first measure replaces its prior
         order = itertools.count()                  # heap ties: the earlier candidate first
