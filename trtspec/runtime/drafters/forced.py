@@ -57,7 +57,8 @@ class Forced(Drafter):
             out.append(Candidate(len(out) - 1, tok, 1.0, value))
         return 0, out
 
-    def grow(self, st: DecodeState, proposal: Proposal, masks: np.ndarray, most: int = JUMP) -> tuple[Proposal, np.ndarray]:
+    def grow(self, st: DecodeState, proposal: Proposal, masks: np.ndarray,
+             most: int = JUMP) -> tuple[Proposal, np.ndarray]:
         """The proposal with the forced tokens under its nodes (`masks`: each node's mask row, as
         GrammarState.fit gave them), and their masks after the nodes'; up to min(`most`, JUMP)."""
         g, tree = st.grammar, proposal.tree
