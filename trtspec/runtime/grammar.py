@@ -162,18 +162,51 @@ class GrammarState:
     def mask_after(self, path: list[int]) -> np.ndarray | None:
         """The mask row (int32 words) of what may follow `path` (tokens after the output so far); None
         where the grammar does not allow the path."""
+        row = np.full((1, self.words), -1, dtype=np.int32)
+        allowed = self._fill_after(path, row, 0)
+        self._check("masking a path")
+        return row[0] if allowed else None
+
+    def forced_after(self, path: list[int], n: int) -> list[int]:
+        """The tokens the grammar forces after `path` (tokens after the output so far), one after the
+        other, up to `n`: each the only one its mask allows; a stop token ends them. [] where the
+        grammar does not allow the path. The matcher is back where it was after."""
         m = self.matcher
         if path and m.validate_tokens(path) < len(path):
-            return None
-        row = np.full(self.words, -1, dtype=np.int32)
+            return []
         if path:
             m.consume_tokens(path)
-        self._fill(row[None], 0)
+        row, out, consumed = np.empty((1, self.words), dtype=np.int32), [], len(path)
+        while len(out) < n:
+            self._fill(row, 0)
+            tok = self.only(row[0])
+            if tok is None or tok >= self.vocab_size:
+                break
+            out.append(tok)
+            if tok in self.stop_ids or not m.consume_token(tok):
+                break                                 # a stop token ends the output: never consumed
+            consumed += 1
+        if consumed:
+            m.rollback(consumed)
+        self._check("following forced tokens")
+        return out
+
+    def _fill_after(self, path: list[int], bits: np.ndarray, row: int) -> bool:
+        """Row `row` of `bits`: what may follow `path`; False (the row left as it was) where the grammar
+        does not allow the path. The matcher is back where it was after."""
+        m = self.matcher
+        if path and m.validate_tokens(path) < len(path):
+            return False
+        if path:
+            m.consume_tokens(path)
+        self._fill(bits, row)
         if path:
             m.rollback(len(path))
-        if m.is_error():
-            raise RuntimeError(f"grammar matcher failed while masking a path: {m.get_error()}")
-        return row
+        return True
+
+    def _check(self, doing: str) -> None:
+        if self.matcher.is_error():
+            raise RuntimeError(f"grammar matcher failed while {doing}: {self.matcher.get_error()}")
 
     def _fill(self, bits: np.ndarray, row: int) -> None:
         self.matcher.unsafe_compute_mask_ptr(bits[row:].ctypes.data, bits[row].nbytes)
@@ -212,17 +245,9 @@ class GrammarState:
         draft's own distributions; all True for a path the grammar does not allow (such a node is
         pruned before verification anyway)."""
         bits = np.full((len(paths), self.words), -1, dtype=np.int32)
-        m = self.matcher
         for i, path in enumerate(paths):
-            if path and m.validate_tokens(path) < len(path):
-                continue
-            if path:
-                m.consume_tokens(path)
-            self._fill(bits, i)
-            if path:
-                m.rollback(len(path))
-        if m.is_error():
-            raise RuntimeError(f"grammar matcher failed while masking drafts: {m.get_error()}")
+            self._fill_after(path, bits, i)
+        self._check("masking drafts")
         return unpack(bits, self.vocab_size)
 
     def consume(self, tokens: list[int]) -> None:

@@ -99,10 +99,13 @@ class AutoBudget:
         repeated JSON requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3
         draft tokens). A draft that is current is weighed against the suffix tree step by step
         (a Round that asks to feed), with no such bar."""
-        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=max(self.values.top1, HOPE_TOP1),
-                            per_token=self._catch_up())
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=self._hoped_top1(), per_token=self._catch_up())
         bar = self.costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
         return max(rates[1:]) > max(rates[0], bar)
+
+    def _hoped_top1(self) -> float:
+        """The optimistic draft's top-1 acceptance: HOPE_TOP1, or the request's own if higher."""
+        return max(self.values.top1, HOPE_TOP1)
 
     def _catch_up(self) -> float:
         """Seconds charged per emitted token of a drafted step for the draft's catch-up forward, if it
@@ -116,8 +119,7 @@ class AutoBudget:
         known, take, feed, rows = list(r.known), 0, False, r.rows
         if r.rows:
             unseen = r.measure and not self.values.top1_seen       # the draft never measured: hope, as the gate
-            feed = self._worth_feeding(known, list(r.feed), r.rows, r.ahead,
-                                       max(self.values.top1, HOPE_TOP1) if unseen else None)
+            feed = self._worth_feeding(known, list(r.feed), r.rows, r.ahead, self._hoped_top1() if unseen else None)
         elif r.free:
             take = self._take_free(known)
         else:

@@ -36,17 +36,7 @@ class Forced(Drafter):
         g = st.grammar
         if g is None or len(context) < st.n_tokens:
             return []
-        path = [int(t) for t in context[st.n_tokens:]]
-        out: list[int] = []
-        while len(out) < n:
-            row = g.mask_after(path + out)
-            tok = None if row is None else g.only(row)
-            if tok is None or tok >= g.vocab_size:
-                break
-            out.append(tok)
-            if tok in g.stop_ids:
-                break
-        return out
+        return g.forced_after([int(t) for t in context[st.n_tokens:]], n)
 
     def candidates(self, st: DecodeState, cap: int) -> tuple[int, list[Candidate]]:
         """(0, the forced chain from the root, up to `cap`): each the child of the one before it."""
