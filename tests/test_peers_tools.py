@@ -91,6 +91,21 @@ def test_llama_cpp_peers_errors(fake_server, monkeypatch):
         LlamaCppPeers(config, ["llama.cpp"], 2, 512, fake_server / "logs")
 
 
+def test_a_llama_server_killed_by_an_illegal_instruction_names_the_rebuild(fake_server, monkeypatch):
+    """A llama.cpp built with -march=native on a VM that reports AMX but traps it dies with SIGILL
+    while loading: one line that says so and gives the rebuild, not a bare status."""
+    path = fake_server / "sigill-server"
+    path.write_text(f"#!{sys.executable}\nimport os, signal, sys\n"
+                    "if '--version' in sys.argv:\n    print('version: stand-in'); sys.exit(0)\n"
+                    "os.kill(os.getpid(), signal.SIGILL)\n")
+    path.chmod(0o755)
+    monkeypatch.setenv("TRTSPEC_LLAMA_SERVER", str(path))
+    config = {"target": {"model": str(fake_server / "t.gguf")}}
+    with pytest.raises(RequestError, match=r"status -4 while loading \(an illegal instruction: .*LLAMA_ARCH_FLAGS="
+                                           r".*-mno-amx-tile.*\); see .*llama.cpp.log"):
+        LlamaCppPeers(config, ["llama.cpp"], 2, 512, fake_server / "logs")
+
+
 def test_ort_profile_assigns_nodes_to_their_run(tmp_path):
     """Runs: a prefill and a warm-up (ignored), then 2 timed runs for T=1 and 2 for T=4."""
     runs = [(0, 100), (200, 50), (300, 10), (400, 12), (500, 30), (600, 34)]       # µs

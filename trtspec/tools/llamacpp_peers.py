@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -110,8 +111,12 @@ class _Server:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RequestError(f"llama-server exited with status {self.proc.returncode} while loading; see "
-                                   f"{self.log_path}")
+                hint = ""
+                if self.proc.returncode == -signal.SIGILL:   # built for instructions this CPU traps
+                    hint = (" (an illegal instruction: where a VM traps AMX, rebuild with make llama-cpp "
+                            "LLAMA_ARCH_FLAGS=\"-mno-amx-tile -mno-amx-int8 -mno-amx-bf16\")")
+                raise RequestError(f"llama-server exited with status {self.proc.returncode} while loading{hint}; "
+                                   f"see {self.log_path}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
