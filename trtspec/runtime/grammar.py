@@ -171,11 +171,8 @@ class GrammarState:
         """The tokens the grammar forces after `path` (tokens after the output so far), one after the
         other, up to `n`: each the only one its mask allows; a stop token ends them. [] where the
         grammar does not allow the path. The matcher is back where it was after."""
-        m = self.matcher
-        if path and m.validate_tokens(path) < len(path):
+        if not self._enter(path):
             return []
-        if path:
-            m.consume_tokens(path)
         row, out, consumed = np.empty((1, self.words), dtype=np.int32), [], len(path)
         while len(out) < n:
             self._fill(row, 0)
@@ -183,26 +180,35 @@ class GrammarState:
             if tok is None or tok >= self.vocab_size:
                 break
             out.append(tok)
-            if tok in self.stop_ids or not m.consume_token(tok):
+            if tok in self.stop_ids or not self.matcher.consume_token(tok):
                 break                                 # a stop token ends the output: never consumed
             consumed += 1
-        if consumed:
-            m.rollback(consumed)
+        self._leave(consumed)
         self._check("following forced tokens")
         return out
 
     def _fill_after(self, path: list[int], bits: np.ndarray, row: int) -> bool:
         """Row `row` of `bits`: what may follow `path`; False (the row left as it was) where the grammar
         does not allow the path. The matcher is back where it was after."""
+        if not self._enter(path):
+            return False
+        self._fill(bits, row)
+        self._leave(len(path))
+        return True
+
+    def _enter(self, path: list[int]) -> bool:
+        """Consume `path` if the grammar allows it (False, nothing consumed, where it does not); the
+        caller gives the tokens back with _leave."""
         m = self.matcher
         if path and m.validate_tokens(path) < len(path):
             return False
         if path:
             m.consume_tokens(path)
-        self._fill(bits, row)
-        if path:
-            m.rollback(len(path))
         return True
+
+    def _leave(self, consumed: int) -> None:
+        if consumed:
+            self.matcher.rollback(consumed)
 
     def _check(self, doing: str) -> None:
         if self.matcher.is_error():
@@ -236,8 +242,7 @@ class GrammarState:
                     m.rollback(1)
 
         visit(0)
-        if m.is_error():
-            raise RuntimeError(f"grammar matcher failed while walking a tree: {m.get_error()}")
+        self._check("walking a tree")
         return keep, bits
 
     def masks(self, paths: list[list[int]]) -> np.ndarray:
