@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -38,13 +39,15 @@ def main(folder: Path, out: Path) -> None:
     graph = next((folder / "target").glob("*.onnx"))
     m = onnx.load(graph, load_external_data=False)
     data = graph.with_name(graph.name + ".data")
-    out.mkdir(parents=True, exist_ok=True)
+    created = not out.exists()
     (out / "no-offsets" / "target").mkdir(parents=True, exist_ok=True)
     for where in (out, out / "no-offsets" / "target"):
         if not (where / data.name).exists():
             try:
                 os.link(data, where / data.name)
             except OSError as e:
+                if created:                     # nothing left behind
+                    shutil.rmtree(out)
                 sys.exit(f"variants.py: cannot hard-link {data} into {where} ({e.strerror}); "
                          "put OUT on the same file system as FOLDER")
 
