@@ -38,6 +38,11 @@ from trtspec.runtime.generator import Generator  # noqa: E402
 FIRST = ("test_smollm2.py", "test_structured_smollm2.py", "test_serve_ray.py", "test_serve.py")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite tests/golden/golden.json from this checkout's runs (a change made on purpose)")
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))     # stable: files stay whole
