@@ -1,4 +1,4 @@
-"""The GPU device check (trtspec/tools/device_check) in its tiny CPU mode, so it never rots: every
+"""The GPU device check (lab/device_check) in its tiny CPU mode, so it never rots: every
 section runs and reports, and what it measures on CPU holds: fixed step shapes with fp64 attention
 give a tree row exactly the logits of the same path fed one token per forward (plain shapes do
 not), every strategy equals `ar` alone and batched, sampled requests batched equal themselves alone,
@@ -13,9 +13,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.tools.device_check.__main__ import main
-from trtspec.tools.device_check.e2e import STRATEGIES
-from trtspec.tools.device_check.exact import RUNS
+from lab.device_check.__main__ import main
+from lab.device_check.e2e import STRATEGIES
+from lab.device_check.exact import RUNS
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_the_full_check_without_a_gpu_is_refused_in_one_line(tmp_path):
 
 
 def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch):
-    from trtspec.tools.device_check import machine
+    from lab.device_check import machine
     monkeypatch.setattr(machine, "ceilings", lambda *a: 1 / 0)
     res = CliRunner().invoke(main, ["--out", str(tmp_path), "--tiny", "--device", "cpu", "--sections", "machine,costs"])
     assert res.exit_code == 1 and "machine FAILED: ZeroDivisionError" in res.output

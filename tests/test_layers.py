@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "trtspec"
+LAB = PKG.parent / "lab"                 # measurement instruments: may import trtspec, never imported by it
 
 # Bottom to top: a module may import its own layer and the layers below it, never one above.
 LAYERS = [
@@ -62,6 +63,26 @@ def graph() -> dict[str, set[str]]:
 def test_imports_go_down_the_layers():
     up = [f"{m} -> {t}" for m, ts in graph().items() for t in ts if layer(t) > layer(m)]
     assert not up, "imports into a higher layer:\n" + "\n".join(up)
+
+
+def top_imports(path: Path) -> set[str]:
+    """The top-level packages `path` imports (absolute imports; relative ones stay in its package)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+    return found
+
+
+def test_the_product_never_imports_the_lab():
+    """lab/ (instruments, not shipped: test_wheel.py) sits above everything: it may import trtspec,
+    and no module of trtspec imports it, at the top or inside a function."""
+    bad = [str(p.relative_to(PKG.parent)) for p in sorted(PKG.rglob("*.py")) if "lab" in top_imports(p)]
+    assert not bad, f"product modules importing the lab: {bad}"
+    lab = sorted(LAB.rglob("*.py"))
+    assert len(lab) > 20 and any("trtspec" in top_imports(p) for p in lab)      # the rule sees the lab
 
 
 def test_no_package_cycle():

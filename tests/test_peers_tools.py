@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from trtspec.errors import RequestError
-from trtspec.tools.agreement import agreement
+from lab.agreement import agreement
 from trtspec.tools.llamacpp_peers import LlamaCppPeers
-from trtspec.tools.ort_profile import op_times
+from lab.ort_profile import op_times
 
 FAKE_SERVER = '''#!{python}
 import json, sys

@@ -30,7 +30,7 @@ from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import sampling_choice, verify_sampling
-from trtspec.tools.chisquare import chisquare_p  # noqa: F401 (the other tests import it from here)
+from lab.chisquare import chisquare_p  # noqa: F401 (the other tests import it from here)
 
 PASS_P = 1e-3        # a correct rule must not be rejected at this level
 REJECT_P = 1e-6      # a broken rule must be rejected at least this strongly
@@ -41,7 +41,7 @@ REJECT_P = 1e-6      # a broken rule must be rejected at least this strongly
 # ---------------------------------------------------------------------------------------------
 
 def test_chisquare_p_is_scipy_s():
-    """The one chi-square helper (trtspec/tools/chisquare.py, torch only) against scipy's, with the
+    """The one chi-square helper (lab/chisquare.py, torch only) against scipy's, with the
     same merging of small bins: counts drawn from the distribution and from a wrong one."""
     rng = np.random.default_rng(0)
     for k, n in ((16, 400), (200, 3000), (3, 50)):

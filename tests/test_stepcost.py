@@ -2,7 +2,7 @@
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.export.tiny import tiny_pair, tiny_spec
 from trtspec.runtime.runner import ModelRunner
-from trtspec.tools.stepcost import step_costs
+from lab.stepcost import step_costs
 
 
 def test_step_costs_shape_and_cache_untouched():
@@ -22,8 +22,8 @@ def test_ort_profile_per_op_type(tmp_path):
 
     from trtspec.assembly.config import load_config
     from trtspec.assembly.build import build_engines
-    from trtspec.tools.ort_profile import op_times
-    from trtspec.tools.stepcost import main
+    from lab.ort_profile import op_times
+    from lab.stepcost import main
 
     cfg = load_config("tiny-random").with_backend("onnxruntime")
     folder = build_engines(cfg, tmp_path / "e", log=lambda *a, **k: None)

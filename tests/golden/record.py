@@ -19,8 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
+from pathlib import Path
 
-from conftest import CPU_LIKE, GPU_LIKE, SMALL_NOISE, SMALL_VOCAB, make_pair
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # tests/, when run as a script
+from conftest import CPU_LIKE, GPU_LIKE, SMALL_NOISE, SMALL_VOCAB, make_pair  # noqa: E402
 
 from trtspec.runtime import suffix
 from trtspec.runtime.sampling import SamplingParams
@@ -100,3 +103,7 @@ def grammar() -> dict[str, dict]:
 
 
 SETS = {"trees": trees, "grammar": grammar}
+
+
+if __name__ == "__main__":          # the whole records, to see what changed: record.py SET OUT.json
+    Path(sys.argv[2]).write_text(json.dumps(SETS[sys.argv[1]](), indent=0, sort_keys=True, default=str))
