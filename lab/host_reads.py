@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from contextlib import contextmanager
-
 import click
 import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
+
+from trtspec.runtime.decode import DecodeState
+from trtspec.runtime.effects import drive
+from trtspec.runtime.generator import Generator
+from trtspec.runtime.hooks import Hooks
+from trtspec.runtime.runner import ModelRunner
+from trtspec.runtime.step import step
+from trtspec.runtime.strategies import make_strategy
 
 READS = {"item", "tolist", "numpy", "cpu", "__array__", "__bool__", "__int__", "__float__", "__index__",
          "nonzero", "masked_select"}
@@ -33,14 +39,20 @@ def _bool_index(index) -> bool:
     return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in parts)
 
 
-class HostReads(TorchFunctionMode):
-    """Records every host read made while it is active, under the current `phase` (thread-local:
-    count in the thread that runs the steps)."""
+class HostReads(TorchFunctionMode, Hooks):
+    """Records every host read made while it is active, under the `current` phase ("verify" or
+    "draft"; thread-local: count in the thread that runs the steps). As the runtime's observer
+    (runtime/hooks.py) it leaves the engines' forwards out of the count (what a replayed graph does is
+    not ours), counts a request's reads as verification while its step is in verify_and_commit, and
+    the scheduler's joint read after a target phase as verification too; handed to a Generator it
+    enters itself for each scheduler iteration (on the scheduler's thread) and counts the phases."""
 
-    def __init__(self):
+    def __init__(self, scheduled: bool = False):
         super().__init__()
         self.counts: dict[str, Counter] = {}
-        self.phase, self.paused = "all", False
+        self.current, self.paused, self.scheduled = "draft", False, scheduled
+        self.sections: dict[int, str] = {}          # id(DecodeState) -> its step's section
+        self.in_target, self.target_phases, self.draft_rounds = False, 0, 0
 
     @property
     def reads(self) -> list[str]:
@@ -50,66 +62,54 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if not self.paused and (name in READS or (name == "__getitem__" and _bool_index(args[1]))):
-            self.counts.setdefault(self.phase, Counter())[name] += 1
+            self.counts.setdefault(self.current, Counter())[name] += 1
         return func(*args, **(kwargs or {}))
 
-    @contextmanager
-    def uncounted(self, *engines):
-        """Leave the engines' forwards out of the count (what a replayed graph does is not ours)."""
-        def wrap(engine):
-            forward = engine.step_batch
+    # -- the runtime's hooks ------------------------------------------------------------------
+    def iteration(self, start: bool) -> None:
+        if self.scheduled:
+            self.__enter__() if start else self.__exit__(None, None, None)
 
-            def step_batch(*args, **kwargs):
-                self.paused = True
-                try:
-                    return forward(*args, **kwargs)
-                finally:
-                    self.paused = False
-            engine.step_batch = step_batch
-        for e in engines:
-            wrap(e)
-        try:
-            yield self
-        finally:
-            for e in engines:
-                del e.step_batch
+    def phase(self, name: str, requests: list, start: bool = True) -> None:
+        if not start:
+            self.current = "draft"
+            return
+        stepping = any(r.call.phase == "step" for r in requests) if name != "read" else False
+        if name == "target":
+            self.in_target = True
+            self.target_phases += stepping
+        elif name == "draft":
+            self.in_target = False
+            self.draft_rounds += stepping
+        self.current = "verify" if name == "read" and self.in_target else "draft"
+
+    def resume(self, request) -> None:
+        self.current = self.sections.get(id(request.state), "draft") if request is not None else "draft"
+
+    def section(self, state, name: str) -> None:
+        self.sections[id(state)] = name
+        self.current = name
+
+    def forward(self, batcher, start: bool, seconds: float = 0.0) -> None:
+        self.paused = start
 
 
 def count(name: str, sampling, target, draft, tokens: int) -> dict:
-    """Reads per target step of strategy `name`, split into verification and drafting."""
-    from trtspec.runtime import step as step_mod
-    from trtspec.runtime import verify as verify_mod
-    from trtspec.runtime.decode import DecodeState
-    from trtspec.runtime.runner import ModelRunner, drive
-    from trtspec.runtime.strategies import make_strategy
-
+    """Reads per target step of strategy `name`, one request driven alone, split into verification
+    and drafting (verifications chosen as on a GPU: batched)."""
     strat = make_strategy(name, **OPTIONS.get(name, {}))
-    t_run = ModelRunner.alone(target, 256)
-    d_run = ModelRunner.alone(draft, 256) if strat.needs_draft else None
+    reads = HostReads()
+    t_run = ModelRunner.alone(target, 256, hooks=reads)
+    d_run = ModelRunner.alone(draft, 256, hooks=reads) if strat.needs_draft else None
     st = DecodeState(t_run, d_run, sampling, torch.Generator().manual_seed(0), np.zeros(256, dtype=np.int64), 0)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     st.append(prompt)
     drive(t_run.prefill(prompt[:-1]))
     if d_run is not None:
         drive(d_run.prefill(prompt[:-1]))
-    reads = HostReads()
-    reads.phase = "draft"
-    commit, together = step_mod.verify_and_commit, verify_mod.choose_together
-
-    def verify_phase(*args, **kwargs):
-        reads.phase = "verify"
-        try:
-            return (yield from commit(*args, **kwargs))
-        finally:
-            reads.phase = "draft"
-    step_mod.verify_and_commit = verify_phase
-    verify_mod.choose_together = lambda checks: together(checks, batched=True)     # as a GPU chooses
-    try:
-        with reads.uncounted(target, draft), reads:
-            while st.n_tokens < len(prompt) + tokens:
-                st.append(drive(step_mod.step(st, strat)))
-    finally:
-        step_mod.verify_and_commit, verify_mod.choose_together = commit, together
+    with reads:
+        while st.n_tokens < len(prompt) + tokens:
+            st.append(drive(step(st, strat), batched=True))
     steps = len(st.steps)
     per_step = {ph: sum(reads.counts.get(ph, Counter()).values()) / steps for ph in ("verify", "draft")}
     return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "steps": steps,
@@ -120,72 +120,24 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
 
 def count_batch(name: str, sampling, target, draft, tokens: int, batch: int) -> dict:
     """Reads per target phase (verification: reads made while a request's verify_and_commit runs, and
-    the scheduler's joint read of the phase's results, runner.read_together, where the runtime has
-    one) and per draft round (everything else) of `batch` requests of strategy `name` run at once."""
-    from trtspec.runtime import scheduler as sched_mod
-    from trtspec.runtime import step as step_mod
-    from trtspec.runtime import verify as verify_mod
-    from trtspec.runtime.generator import Generator
-    from trtspec.runtime.strategies import make_strategy
-
+    the scheduler's joint read of the phase's results) and per draft round (everything else) of
+    `batch` requests of strategy `name` run at once, verifications chosen as on a GPU (batched)."""
     strat = make_strategy(name, **OPTIONS.get(name, {}))
-    gen = Generator(target, draft if strat.needs_draft else None, capacity=256, slots=batch)
-    reads, phases, rounds, in_target = HostReads(), [0], [0], [False]
-    reads.phase = "draft"
-    Sched = sched_mod.Scheduler
-    commit, choose, iteration, run = step_mod.verify_and_commit, verify_mod.choose_together, Sched.iteration, Sched._run
-    together = getattr(sched_mod, "read_together", None)
-
-    def verify_phase(*args, **kwargs):             # "verify" whenever this request's verification runs
-        coro, value = commit(*args, **kwargs), None
-        while True:
-            reads.phase = "verify"
-            try:
-                item = coro.send(value)
-            except StopIteration as done:
-                return done.value
-            finally:
-                reads.phase = "draft"
-            value = yield item
-
-    def read_phase(waiting):                       # the scheduler's joint read: of the phase it follows
-        reads.phase = "verify" if in_target[0] else "draft"
-        try:
-            return together(waiting)
-        finally:
-            reads.phase = "draft"
-
-    def run_phase(self, batcher, reqs):
-        in_target[0] = batcher is self.target
-        stepping = any(r.call.phase == "step" for r in reqs)
-        phases[0] += in_target[0] and stepping
-        rounds[0] += not in_target[0] and stepping
-        return run(self, batcher, reqs)
-
-    def counted_iteration(self):                   # the mode is per thread: enter it in the scheduler's
-        with reads:
-            iteration(self)
-    step_mod.verify_and_commit = verify_phase
-    verify_mod.choose_together = lambda checks: choose(checks, batched=True)          # as a GPU chooses
-    Sched.iteration, Sched._run = counted_iteration, run_phase
-    if together is not None:
-        sched_mod.read_together = read_phase
+    reads = HostReads(scheduled=True)
+    gen = Generator(target, draft if strat.needs_draft else None, capacity=256, slots=batch, hooks=reads,
+                    batched_verify=True)
     try:
-        with reads.uncounted(target, draft):
-            handles = [gen.submit([1, 2, 3, 4, 1, 2, 3, 4, 1 + i, 2], strategy=strat, sampling=sampling, seed=i,
-                                  max_new_tokens=tokens) for i in range(batch)]
-            for h in handles:
-                h.result()
+        handles = [gen.submit([1, 2, 3, 4, 1, 2, 3, 4, 1 + i, 2], strategy=strat, sampling=sampling, seed=i,
+                              max_new_tokens=tokens) for i in range(batch)]
+        for h in handles:
+            h.result()
     finally:
-        step_mod.verify_and_commit, verify_mod.choose_together = commit, choose
-        Sched.iteration, Sched._run = iteration, run
-        if together is not None:
-            sched_mod.read_together = together
         gen.close()
     verify, drafting = reads.counts.get("verify", Counter()), reads.counts.get("draft", Counter())
+    phases, rounds = reads.target_phases, reads.draft_rounds
     return {"strategy": name, "sampling": "greedy" if sampling.greedy else "sampled", "batch": batch,
-            "target_phases": phases[0], "verify_reads_per_phase": sum(verify.values()) / max(phases[0], 1),
-            "draft_rounds": rounds[0], "draft_reads_per_round": sum(drafting.values()) / max(rounds[0], 1),
+            "target_phases": phases, "verify_reads_per_phase": sum(verify.values()) / max(phases, 1),
+            "draft_rounds": rounds, "draft_reads_per_round": sum(drafting.values()) / max(rounds, 1),
             "draft_reads": dict(drafting.most_common(4))}
 
 

@@ -27,7 +27,8 @@ from hypothesis import strategies as hst
 from conftest import reference_logits
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.draft_tree import DraftTree
-from trtspec.runtime.runner import ModelRunner, drive
+from trtspec.runtime.effects import drive
+from trtspec.runtime.runner import ModelRunner
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import GSD, Cascade, DySpec, Staged
 from trtspec.runtime.strategies import gsd as gsd_mod

@@ -289,7 +289,8 @@ def test_an_int8_activation_target_samples_exactly(int8_folder):
     """Sampled `staged` on the int8-activation folder: the first two tokens are distributed as that
     engine's own one-token forwards give them (chi-square, temperature 1)."""
     from test_sampling_exact import PASS_P, T1, fit, reference_probs, sample_first
-    from trtspec.runtime.runner import ModelRunner, drive
+    from trtspec.runtime.effects import drive
+    from trtspec.runtime.runner import ModelRunner
 
     gen = load_generator(int8_folder)
     prompt = gen.tokenizer("def f(x):\n")["input_ids"]

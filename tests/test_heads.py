@@ -99,7 +99,7 @@ def test_the_head_s_forwards_are_batched_across_requests(hidden_pair, monkeypatc
         return run(cs)
 
     monkeypatch.setattr(heads_mod, "run_heads", spy)
-    monkeypatch.setattr("trtspec.runtime.runner.run_heads", spy)
+    monkeypatch.setattr("trtspec.runtime.effects.run_heads", spy)
     gen = Generator(TorchEngine(target), TorchEngine(draft), capacity=128, heads={"medusa": head})
     try:
         prompts = [[3, 17, 99, 250, 401, 7] * 2, [5, 6, 7], [42, 43, 44, 45, 46], [9, 9, 9]]

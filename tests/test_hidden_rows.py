@@ -23,7 +23,8 @@ from trtspec.export.onnx_export import _probe_outputs, export_onnx
 from trtspec.export.tiny import tiny_pair, tiny_spec
 from trtspec.runtime.batch import Batcher, Call
 from trtspec.runtime.drafters import Drafter
-from trtspec.runtime.runner import ModelRunner, drive
+from trtspec.runtime.effects import drive
+from trtspec.runtime.runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -85,6 +85,57 @@ def test_the_product_never_imports_the_lab():
     assert len(lab) > 20 and any("trtspec" in top_imports(p) for p in lab)      # the rule sees the lab
 
 
+def patches(path: Path) -> list[str]:
+    """Where `path` replaces something it imported from trtspec (a module's function, a class's
+    method; not an upper-case constant): `name.attr = ...`, `del name.attr` or `setattr(name, ...)` with `name` bound by an import
+    of trtspec (`import trtspec.x as name`, `from trtspec.x import name`, or relative, in trtspec)."""
+    tree = ast.parse(path.read_text())
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("trtspec")):
+            bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("trtspec")}
+    bound -= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}  # rebound
+    out = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for x in (t.elts if isinstance(t, ast.Tuple) else [t]):
+                if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id in bound \
+                        and not x.attr.isupper():             # a CONSTANT is a setting, not a function
+                    out.append(f"{path.name}:{node.lineno} {x.value.id}.{x.attr}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("setattr", "delattr") and node.args \
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in bound:
+            out.append(f"{path.name}:{node.lineno} {node.func.id}({node.args[0].id}, ...)")
+    return out
+
+
+def test_nothing_outside_the_tests_replaces_a_product_function():
+    """The lab observes through the runtime's hooks (runtime/hooks.py): neither it nor the product
+    replaces a function or a method of trtspec at run time (tests may, with monkeypatch)."""
+    bad = [x for p in sorted([*PKG.rglob("*.py"), *LAB.rglob("*.py")]) for x in patches(p)]
+    assert not bad, "replaced at run time:\n" + "\n".join(bad)
+    assert _patches_of(PATCHING) == ["probe.py:2 step_mod.verify_and_commit", "probe.py:3 Scheduler.iteration",
+                                     "probe.py:4 setattr(verify, ...)"]     # the rule sees a patch
+
+
+PATCHING = """from trtspec.runtime import step as step_mod
+step_mod.verify_and_commit = None
+from trtspec.runtime.scheduler import Scheduler; Scheduler.iteration = None
+from ..runtime import verify; setattr(verify, "choose_together", None)
+"""
+
+
+def _patches_of(source: str) -> list[str]:
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "probe.py"
+        f.write_text(source)
+        return patches(f)
+
+
 def test_no_package_cycle():
     def pkg(m: str) -> str:
         return ".".join(m.split(".")[:2])

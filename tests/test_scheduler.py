@@ -11,11 +11,10 @@ import threading
 import pytest
 
 from conftest import make_pair
-from trtspec.runtime import scheduler as scheduler_mod
-from trtspec.runtime import verify as verify_mod
+from trtspec.runtime.effects import Check
 from trtspec.runtime.generator import Generator
+from trtspec.runtime.hooks import Hooks
 from trtspec.runtime.sampling import SamplingParams
-from trtspec.runtime.scheduler import Scheduler
 from trtspec.runtime.strategies import STRATEGIES
 
 NAMES = list(STRATEGIES)
@@ -135,47 +134,47 @@ def test_a_failing_request_leaves_its_neighbours_alone(pair, monkeypatch):
     assert gen.scheduler.busy_slots == 0
 
 
+class PhaseLog(Hooks):
+    """The scheduler's phases as its hooks tell them: per target phase the number of trees it ran, and
+    per read that follows one the number of requests resolved together and how many were Checks."""
+
+    def __init__(self):
+        self.phases, self.transfers, self.chosen, self.target = [], [], [], False
+
+    def phase(self, name, requests, start=True):
+        if not start:
+            return
+        if name == "read":
+            if self.target:                       # (a draft round's reads are joined too)
+                self.transfers.append(len(requests))
+                self.chosen.append(sum(isinstance(r.call, Check) for r in requests))
+            return
+        self.target = name == "target"
+        if self.target:
+            self.phases.append(sum(r.call.phase == "step" for r in requests))
+
+
 @pytest.mark.parametrize("walk", ["cpu", "gpu"])
-def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, monkeypatch, walk):
+def test_a_target_phase_reads_the_device_once_for_the_whole_batch(pair, walk):
     """Every request whose tree a target phase verified gets its result (accepted node, next token)
     from one verification pass over all of them (verify.choose_together; `gpu`: the sampled rows in one
-    batched walk, as off the CPU) and one host transfer for the whole phase (runner.read_together: one
+    batched walk, as off the CPU) and one host transfer for the whole phase (effects.resolve: one
     device sync, not one per request), whatever its strategy and sampling; each output equals the
     request's own run alone (the sampled ones draft fixed chains: with `k: auto` their trees, and so
-    their draws, follow the batch)."""
-    if walk == "gpu":
-        cpu_default = verify_mod.choose_together
-        monkeypatch.setattr(verify_mod, "choose_together", lambda checks: cpu_default(checks, batched=True))
-    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=5)
+    their draws, follow the batch). Observed through the scheduler's hooks (hooks.py)."""
+    log = PhaseLog()
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=5, hooks=log,
+                    batched_verify=True if walk == "gpu" else None)
     runs = [([1, 2, 3], "ar", SamplingParams()), ([4, 5, 6, 4, 5, 6], "staged", SamplingParams()),
             ([7, 8], "chain:k=3", SamplingParams(temperature=0.8)), ([9, 9, 3, 9, 9], "suffix", SamplingParams()),
             ([5, 6, 5], "chain:k=2", SamplingParams(temperature=1.0, top_k=20))]
     alone = [gen.generate(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16).token_ids for p, s, sp in runs]
-    transfers, chosen, phases, target = [], [], [], [False]
-    read_together, run, choose = scheduler_mod.read_together, Scheduler._run, verify_mod.choose_together
-
-    def counted(reads):                                   # (a draft round's reads are joined too)
-        if target[0]:
-            transfers.append(len(reads))
-        return read_together(reads)
-
-    def verified(checks):
-        chosen.append(len(checks))
-        return choose(checks)
-
-    def tracked(self, batcher, reqs):
-        target[0] = batcher is self.target
-        if target[0]:
-            phases.append(sum(r.call.phase == "step" for r in reqs))
-        return run(self, batcher, reqs)
-    monkeypatch.setattr(scheduler_mod, "read_together", counted)
-    monkeypatch.setattr(Scheduler, "_run", tracked)
-    monkeypatch.setattr(verify_mod, "choose_together", verified)
+    log.__init__()
     handles = [gen.submit(p, strategy=s, sampling=sp, seed=3, max_new_tokens=16) for p, s, sp in runs]
     assert [h.result(timeout=60).token_ids for h in handles] == alone
-    assert transfers == [n for n in phases if n]          # one transfer per phase, of every tree it verified
-    assert chosen == transfers                            # chosen in one verification pass (verify.py)
-    assert max(transfers) == len(runs)                    # and all five requests shared some
+    assert log.transfers == [n for n in log.phases if n]   # one transfer per phase, of every tree it verified
+    assert log.chosen == log.transfers                     # each of them a Check, chosen in one pass
+    assert max(log.transfers) == len(runs)                 # and all five requests shared some
     gen.close()
 
 

@@ -14,14 +14,17 @@ from trtspec.runtime import verify as verify_mod
 from trtspec.runtime.decode import DecodeState
 from trtspec.runtime.kv_cache import KVCache, KVPool
 from trtspec.runtime.proposal import Proposal
-from trtspec.runtime.runner import ModelRunner, drive
+from trtspec.runtime.effects import drive
+from trtspec.runtime.runner import ModelRunner
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.step import verify_and_commit
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
-from trtspec.runtime.verify import WALK_ROWS, Check, choose_together, greedy_choice, sampling_choice, verify_greedy
+from trtspec.runtime.effects import Check
+from trtspec.runtime.verify import WALK_ROWS, choose_together, greedy_choice, sampling_choice, verify_greedy
 from lab.host_reads import HostReads
 from lab.host_reads import count as count_host_reads
+from lab.host_reads import count_batch
 
 V = 8
 
@@ -303,11 +306,13 @@ def test_verification_reads_the_device_once(data):
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
+def test_a_target_step_reads_the_device_once(llama_pair, sampled):
     """A whole verify step (mask, positions, forward, acceptance, KV commit): one host read, the
-    accepted node and next token. The engine's own forward is not counted (a CUDA graph replays it)."""
+    accepted node and next token. The engine's own forward is not counted (a CUDA graph replays it:
+    the batcher's hooks pause the count)."""
     engine = llama_pair.target_engine
-    runner = ModelRunner.alone(engine, 64)
+    reads = HostReads()
+    runner = ModelRunner.alone(engine, 64, hooks=reads)
     prompt = [11, 42, 7, 300, 42, 7]
     drive(runner.prefill(prompt[:-1]))
     seq = np.zeros(64, dtype=np.int64)
@@ -319,11 +324,8 @@ def test_a_target_step_reads_the_device_once(llama_pair, monkeypatch, sampled):
     if q is not None:
         q[[0, 3]] = float("nan")
     tree = TokenTree([7, 1, 2, 3, 4, 5], [-1, 0, 0, 1, 1, 2], q)
-    reads = HostReads()
-    together = verify_mod.choose_together              # as on a GPU: the batched walk, no early exit
-    monkeypatch.setattr(verify_mod, "choose_together", lambda checks: together(checks, batched=True))
-    with reads.uncounted(engine), reads:
-        emitted, path = drive(verify_and_commit(st, Proposal(tree)))
+    with reads:                                        # batched: as on a GPU, the batched walk, no early exit
+        emitted, path = drive(verify_and_commit(st, Proposal(tree)), batched=True)
     assert reads.reads == ["tolist"]
     assert runner.cache.length == len(prompt) - 1 + len(path) and emitted[:-1] == tree.host_tokens[path[1:]].tolist()
 
@@ -414,3 +416,14 @@ def test_every_strategy_verifies_with_one_read_per_step(llama_pair, name):
     for sp in (SamplingParams(), SamplingParams(temperature=0.8)):
         row = count_host_reads(name, sp, llama_pair.target_engine, llama_pair.draft_engine, tokens=12)
         assert row["steps"] > 0 and row["verify_reads_per_step"] == 1.0, row
+
+
+@pytest.mark.parametrize("name", ["chain", "staged"])
+def test_a_batch_verifies_with_one_read_per_target_phase(llama_pair, name):
+    """Three requests at once through the scheduler, observed through its hooks (lab/host_reads.py,
+    runtime/hooks.py): every target phase that verified trees read the device once for all of them,
+    and the engines' forwards were left out of the count."""
+    for sp in (SamplingParams(), SamplingParams(temperature=0.8)):
+        row = count_batch(name, sp, llama_pair.target_engine, llama_pair.draft_engine, tokens=10, batch=3)
+        assert row["target_phases"] > 0 and row["draft_rounds"] > 0, row
+        assert row["verify_reads_per_phase"] == 1.0, row

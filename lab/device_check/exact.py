@@ -28,7 +28,8 @@ from trtspec.export.head import MedusaHead
 from trtspec.export.tiny import tiny_pair, tiny_spec
 from trtspec.options import MAX_STEP_TOKENS
 from trtspec.runtime.generator import Generator
-from trtspec.runtime.runner import ModelRunner, drive
+from trtspec.runtime.effects import drive
+from trtspec.runtime.runner import ModelRunner
 from trtspec.runtime.sampling import SamplingParams
 from lab.chisquare import chisquare_p
 from trtspec.tools.inspect_engines import TREE_ROOM, count_differences

@@ -32,6 +32,7 @@ import torch
 
 from ..options import MAX_STEP_TOKENS
 from .engine import Engine
+from .hooks import NONE, Hooks
 from .kv_cache import KVCache
 
 MAX_BATCH_TOKENS = 64     # calls with more new tokens than this run alone
@@ -81,8 +82,9 @@ class Batcher:
     """Runs calls on one engine, alone or batched; owns the (reused) batch input buffers."""
 
     def __init__(self, engine: Engine, buckets: dict[str, list[int]] | None = None, max_batch: int = 8,
-                 capacity: int = 2048, max_batch_tokens: int = MAX_BATCH_TOKENS):
+                 capacity: int = 2048, max_batch_tokens: int = MAX_BATCH_TOKENS, hooks: Hooks | None = None):
         self.engine = engine
+        self.hooks = hooks or NONE                  # told of each forward (hooks.py)
         self.lock = engine_lock(engine)
         self.token_buckets = sorted((buckets or {}).get("tokens") or [])
         self.cache_buckets = sorted((buckets or {}).get("cache") or [])
@@ -138,11 +140,16 @@ class Batcher:
         self.rows += len(calls)
         caches = [c.cache for c in calls]
         ids, pos, mask, rows = self._inputs(calls, *self._shape(calls))
-        if self.timed:
-            logits = self._timed_step("prefill" if all(c.phase == "prefill" for c in calls) else "step",
-                                      caches, ids, pos, mask, rows)
-        else:
-            logits = self.engine.step_batch(caches, ids, pos, mask, rows)
+        self.hooks.forward(self, True)
+        t0 = time.perf_counter()
+        try:
+            if self.timed:
+                logits = self._timed_step("prefill" if all(c.phase == "prefill" for c in calls) else "step",
+                                          caches, ids, pos, mask, rows)
+            else:
+                logits = self.engine.step_batch(caches, ids, pos, mask, rows)
+        finally:
+            self.hooks.forward(self, False, time.perf_counter() - t0)
         out = []
         hidden = self.engine.hidden if self.engine.hidden_rows else None
         own = self.engine.logits_in_own_buffer      # (its hidden rows too): copied out before the next step

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from .runner import ModelRunner, drive
+from .effects import drive
+from .runner import ModelRunner
 
 COSTS_FILE = "costs.json"      # in an engine folder: measured on this machine, not in the manifest's hashes
 

@@ -11,10 +11,11 @@ import numpy as np
 import torch
 
 from .budget import Budget, FixedBudget, Values
+from .effects import Calls
 from .grammar import GrammarState
 from .logits import TokenLogprob
 from .prefix_cache import PrefixStore
-from .runner import Calls, ModelRunner
+from .runner import ModelRunner
 from .sampling import SamplingParams, probs_from_logits
 
 CATCH_UP = 16      # a draft further behind than this catches up in prefill chunks (draft_catch_up)

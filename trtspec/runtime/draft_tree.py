@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from .decode import DecodeState
+from .effects import Calls, read
 from .proposal import DRAFT, REVIEW, Proposal
-from .runner import Calls, read
 from .tree import TokenTree
 
 

@@ -28,6 +28,7 @@ from .batch import Batcher
 from .costs import CostModel, load_or_measure, measure
 from .engine import Engine
 from .grammar import Grammars
+from .hooks import Hooks
 from .kv_cache import CapacityError
 from .prefix_cache import BLOCK, PrefixStore
 from .request import GenerationResult, Handle, Request, Slot
@@ -45,15 +46,18 @@ class Generator:
                  capacity: int = 2048, stop_ids: set[int] | frozenset = frozenset(),
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
                  slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None,
-                 owns_engines: bool = False, prefix_cache: int | None = None, heads: dict | None = None):
+                 owns_engines: bool = False, prefix_cache: int | None = None, heads: dict | None = None,
+                 hooks: Hooks | None = None, batched_verify: bool | None = None):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
         self.strategy_options = strategy_options or {}
         self.target_engine, self.draft_engine = target, draft
-        self.batchers = {"target": Batcher(target, buckets, max_batch=slots, capacity=capacity)}
+        # hooks: an observer of the scheduler, the batchers and the step (hooks.py); batched_verify:
+        # choose a phase's verifications in one pass even on the CPU, as on a GPU (None: by the device)
+        self.batchers = {"target": Batcher(target, buckets, max_batch=slots, capacity=capacity, hooks=hooks)}
         if draft is not None:
-            self.batchers["draft"] = Batcher(draft, buckets, max_batch=slots, capacity=capacity)
+            self.batchers["draft"] = Batcher(draft, buckets, max_batch=slots, capacity=capacity, hooks=hooks)
         pools = {role: b.engine.new_pool(slots, capacity + b.headroom) for role, b in self.batchers.items()}
         vocab = target.spec.vocab_size
         # Head roles (export/head.py): stateless, shared by every slot, asked by kind by the drafters
@@ -71,7 +75,8 @@ class Generator:
         rows = capacity if prefix_cache is None else prefix_cache
         self.stores = {role: PrefixStore(pool, rows) for role, pool in pools.items()} if rows >= BLOCK else {}
         self.grammars = Grammars(tokenizer, vocab, self.stop_ids)     # compiles requests' grammars (structured outputs)
-        self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue)
+        self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue,
+                                   hooks, batched_verify)
         # Step costs for budget: auto: given, else at the first such request the engine folder's
         # (costs_folder, set by load_generator: stored, or measured and stored) or measured here.
         self.costs, self.costs_folder, self.costs_key = costs, None, None

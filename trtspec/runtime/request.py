@@ -25,9 +25,10 @@ from .batch import Call
 from .budget import BatchView, make_budget
 from .costs import CostModel
 from .decode import DecodeState, StepStats
+from .effects import Calls
 from .grammar import GrammarState
 from .logits import TokenLogprob
-from .runner import Calls, ModelRunner
+from .runner import ModelRunner
 from .sampling import SamplingParams
 from .step import step
 from .strategies import Strategy

@@ -5,74 +5,20 @@ verification differ only in the mask and positions they pass. The committed pref
 visible; the caller describes visibility over the scratch rows plus the new tokens.
 
 The calls are coroutines: `logits = yield from runner.run(...)` yields a `Call` and receives its
-logits, so the scheduler can run many requests' calls as one batched engine step (batch.py).
-A value the host needs from the device is fetched the same way: `host = yield from read(tensor)`
-yields a `Read`, and the scheduler reads every request's waiting Reads of a phase in one transfer
-(`read_together`: one device sync for the batch, not one per request). A step's verification
-(`verify.check`) waits the same way, as a `Check`: the phase's Checks are chosen together
-(`verify.choose_together`) and read with its Reads. `drive(coro)` runs a coroutine alone, each
-call as its own step and each read alone (tools and tests).
+logits, so the scheduler can run many requests' calls as one batched engine step (batch.py). What
+else a coroutine waits on (a host read, a verification, a head's answer) is in effects.py, with the
+one resolver that answers them; `effects.drive(coro)` runs a coroutine alone (tools and tests).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Generator as Coroutine
 
 import torch
 
 from ..options import MAX_STEP_TOKENS, PREFILL_CHUNK
-from . import verify
 from .batch import Batcher, Call
-from .heads import HeadCall, run_heads
+from .effects import Calls
+from .hooks import Hooks
 from .kv_cache import KVCache
 from .tree import TokenTree
-from .verify import Check
-
-
-@dataclass
-class Read:
-    """A device tensor one request needs on the host (`read`), waiting to be read with its batch's."""
-    tensor: torch.Tensor
-    batcher = None                                  # not a model call
-
-
-Calls = Coroutine["Call | Read | Check | HeadCall", "torch.Tensor | list", object]   # a coroutine of model calls
-HOST = (Read, Check, HeadCall)                     # what a coroutine waits on that is not a step with KV
-
-
-def read(tensor: torch.Tensor) -> Calls:
-    """`host = yield from read(t)`: t's values as a flat Python list, read with the batch's other
-    reads (`read_together`). Integer values come back as ints (exact below 2^53)."""
-    return (yield Read(tensor))
-
-
-def read_together(reads: list[Read | Check | HeadCall]) -> list[list]:
-    """Every Read's values, every Check's choice (chosen together: verify.choose_together) and every
-    HeadCall's answer (one forward per head: heads.run_heads), with one host transfer: flattened,
-    joined as float64 where they are (one device sync), split back, integer tensors' values as ints."""
-    checks = [r for r in reads if isinstance(r, Check)]
-    chosen = iter(verify.choose_together(checks) if checks else ())   # (looked up here: tools wrap it)
-    heads = [r for r in reads if isinstance(r, HeadCall)]
-    answered = iter(run_heads(heads) if heads else ())
-    flat = [(next(chosen) if isinstance(r, Check) else next(answered) if isinstance(r, HeadCall) else r.tensor
-             ).reshape(-1) for r in reads]
-    host = torch.cat([x.to(torch.float64) for x in flat]).tolist() if flat else []
-    out, i = [], 0
-    for x in flat:
-        part = host[i:i + x.numel()]
-        out.append([int(v) for v in part] if not x.dtype.is_floating_point else part)
-        i += x.numel()
-    return out
-
-
-def drive(coro: Calls):
-    """Run a coroutine of model calls to its end, each call (and each read) alone; returns its value."""
-    try:
-        call = next(coro)
-        while True:
-            call = coro.send(read_together([call])[0] if isinstance(call, HOST) else call.batcher.run([call])[0])
-    except StopIteration as done:
-        return done.value
 
 
 class ModelRunner:
@@ -94,9 +40,9 @@ class ModelRunner:
         self.max_id = rows - 1 if self.vocab is not None and self.vocab > rows else None
 
     @classmethod
-    def alone(cls, engine, capacity: int, buckets: dict | None = None) -> "ModelRunner":
+    def alone(cls, engine, capacity: int, buckets: dict | None = None, hooks: Hooks | None = None) -> "ModelRunner":
         """A runner with a one-slot pool of its own (tools and tests that drive one sequence)."""
-        batcher = Batcher(engine, buckets, max_batch=1, capacity=capacity)
+        batcher = Batcher(engine, buckets, max_batch=1, capacity=capacity, hooks=hooks)
         return cls(batcher, engine.new_pool(1, capacity + batcher.headroom).caches[0])
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor,

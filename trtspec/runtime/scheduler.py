@@ -6,7 +6,7 @@ One thread, the only one that touches engines and KV, runs iterations:
     draft phase:  while any request waits on a draft call: run all of them as batched draft steps
     target phase: run every request's target call (prefill chunk, or its tree) as batched steps,
                   then every request's tree verified in one pass (verify.choose_together) and
-                  the results read in one host transfer (runner.read_together)
+                  the results read in one host transfer (effects.resolve)
     end cancelled / expired / finished requests and free their slots at once
 
 Requests advance as coroutines of model calls (runner.py): each waits on exactly one call at a
@@ -25,8 +25,9 @@ from collections import deque
 from ..errors import RequestError
 from .batch import Batcher
 from .budget import BatchView
+from .effects import EFFECTS, resolve
+from .hooks import NONE, Hooks
 from .request import Request, Slot
-from .runner import HOST, read_together
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
@@ -55,8 +56,10 @@ class QueueFull(RequestError):
 
 class Scheduler:
     def __init__(self, slots: list[Slot], target: Batcher, draft: Batcher | None = None,
-                 max_queue: int | None = None):
+                 max_queue: int | None = None, hooks: Hooks | None = None, batched: bool | None = None):
         self.slots = slots
+        self.hooks = hooks or NONE             # told of iterations, phases and the requests it resumes (hooks.py)
+        self.batched = batched                 # verify.choose_together's mode (None: by the device)
         self.target, self.draft = target, draft
         self.max_queue = max_queue
         self.free: list[Slot] = list(reversed(slots))
@@ -153,13 +156,22 @@ class Scheduler:
 
     def iteration(self) -> None:
         """One round: every active request's draft calls, then one target phase."""
+        self.hooks.iteration(True)
+        try:
+            self._iteration()
+        finally:
+            self.hooks.iteration(False)
+
+    def _iteration(self) -> None:
         self.iterations += 1
         self._reap()
         rounds = []                                  # each draft forward's rows (tokens), for the batch view
         if self.draft is not None:
             while calls := [r for r in self.active if r.call is not None and r.call.batcher is self.draft]:
                 rounds.append({r.id: len(r.call.tokens) for r in calls if r.call.phase == "step"})
+                self.hooks.phase("draft", calls)
                 self._run(self.draft, calls)
+                self.hooks.phase("draft", calls, start=False)
                 self._read()
                 self._reap()
         calls = [r for r in self.active if r.call is not None and r.call.batcher is self.target]
@@ -172,7 +184,9 @@ class Scheduler:
             with self._cv:                          # and those that a free slot will take next
                 coming += [r.id for r in list(self.waiting)[: len(self.free)]]
             self.batch.join(coming)
+            self.hooks.phase("target", calls)
             self._run(self.target, calls)
+            self.hooks.phase("target", calls, start=False)
             self._read()
             live = {r.id for r in self.active}          # a request that ended in this phase is gone
             rounds = [{i: t for i, t in rnd.items() if i in live} for rnd in rounds]
@@ -197,8 +211,10 @@ class Scheduler:
         chosen together, everything read in one transfer (one device sync for the phase); until none
         waits (a request may read again before its next call). A transfer that raises is re-made read
         by read, so only the request that caused it fails."""
-        while waiting := [r for r in self.active if isinstance(r.call, HOST)]:
-            self._together(waiting, lambda reads: read_together(reads))     # (looked up here: tools wrap it)
+        while waiting := [r for r in self.active if isinstance(r.call, EFFECTS)]:
+            self.hooks.phase("read", waiting)
+            self._together(waiting, lambda effects: resolve(effects, self.batched))
+            self.hooks.phase("read", waiting, start=False)
 
     def _together(self, reqs: list[Request], run) -> None:
         """`run` the requests' calls (or reads) together and advance each with its answer; if that
@@ -223,6 +239,7 @@ class Scheduler:
     def _advance(self, req: Request, logits) -> None:
         """Send a request its call's logits or its read's values (None: start it); it runs to its
         next call, its next read or its end."""
+        self.hooks.resume(req)
         try:
             req.call = next(req.coro) if logits is None else req.coro.send(logits)
         except StopIteration as done:
@@ -231,6 +248,8 @@ class Scheduler:
         except Exception as e:                       # noqa: BLE001 - a request's error is its own
             req.call = None
             self._end(req, error=e)
+        finally:
+            self.hooks.resume(None)
 
     def _reap(self) -> None:
         now = time.monotonic()

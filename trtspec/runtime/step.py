@@ -8,7 +8,7 @@
     -> one target forward over the tree -> each node's logits under the request's rules (logits.py:
     penalties of its own path, logit_bias, min_tokens, the grammar's mask) -> exact acceptance
     (verify.py, on the device, chosen with the phase's other requests' trees in one pass and read
-    with theirs in one transfer: verify.check, runner.read_together) -> commit the accepted rows of
+    with theirs in one transfer: effects.check, effects.resolve) -> commit the accepted rows of
     the target cache and of the draft cache
     -> logprobs of the emitted tokens (when asked) -> report
 
@@ -22,12 +22,11 @@ import time
 
 import torch
 
-from . import verify
 from .decode import DecodeState, StepStats
 from .drafters import Forced
+from .effects import Calls, check
 from .logits import shape, token_logprobs
 from .proposal import SOURCES, Proposal
-from .runner import Calls
 from .sampling import probs_from_logits
 
 FORCED = Forced()                          # the grammar's forced tokens: every request under a grammar
@@ -48,6 +47,15 @@ def step(st: DecodeState, strategy) -> Calls:
 def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0) -> Calls:
     """One target forward over the proposal's tree, exact acceptance, both caches committed, the step's
     stats appended. Returns (emitted tokens, accepted path as tree node indices, root first)."""
+    hooks = st.target.batcher.hooks
+    hooks.section(st, "verify")
+    try:
+        return (yield from _verify_and_commit(st, proposal, draft_s))
+    finally:
+        hooks.section(st, "draft")
+
+
+def _verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float) -> Calls:
     t0 = time.perf_counter()
     masks = None
     if st.grammar is not None:             # forbidden drafts pruned, forced tokens added (jump-forward)
@@ -57,7 +65,7 @@ def verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float = 0.0)
     raw = yield from st.target.verify(tree)
     logits = shape(st, tree, raw, masks)
     scores, gen = (logits, None) if st.sampling.greedy else (probs_from_logits(logits, st.sampling), st.gen)
-    last, nxt = yield from verify.check(tree, scores, gen)      # chosen and read with the phase's others
+    last, nxt = yield from check(tree, scores, gen)             # chosen and read with the phase's others
     path = tree.path(last)
     st.target.cache.commit(path)
     if st.target.hidden is not None:                 # a target with hidden rows: the accepted path's

@@ -1,10 +1,10 @@
 """Verification of TokenTrees against one target forward over all their nodes.
 
 A step hands its tree and the target's scores at every node (logits under greedy decoding, else
-probabilities) to `check`, which yields a `Check`; the scheduler chooses every Check of a target
+probabilities) to `effects.check`, which yields a `Check`; the scheduler chooses every Check of a target
 phase together (`choose_together`: greedy rows in one pass over the flattened nodes, sampled rows in
 one walk, each request drawing from its own generator) and reads the results with the phase's other
-reads in one transfer (runner.read_together). Each result is (last accepted node, next token):
+reads in one transfer (effects.resolve). Each result is (last accepted node, next token):
 `next_token` is the target's own token at the last accepted node (the correction, or the bonus token
 when a leaf was reached). The accepted path root..last (ascending, the KV rows to commit) then comes
 from the host's copy of the parents, and the emitted tokens are tokens[path[1:]] + next.
@@ -24,23 +24,7 @@ from .tree import TokenTree
 WALK_ROWS = 8
 
 
-@dataclass
-class Check:
-    """One request's verification, waiting to be chosen with its phase's others (`choose_together`)."""
-    tree: TokenTree                 # on the scores' device
-    scores: torch.Tensor            # [N, V]: the target's logits (greedy) or probabilities (sampled)
-    gen: torch.Generator | None     # the request's generator, on the scores' device; None: greedy
-    batcher = None                  # not a model call
-
-
-def check(tree: TokenTree, scores: torch.Tensor, gen: torch.Generator | None = None):
-    """`last, nxt = yield from check(tree, scores, gen)`: the accepted node and the next token, chosen
-    and read with the phase's other requests' (gen None: greedy, scores are logits)."""
-    last, nxt = yield Check(tree, scores, gen)
-    return last, nxt
-
-
-def choose_together(checks: list[Check], batched: bool | None = None) -> torch.Tensor:
+def choose_together(checks: list, batched: bool | None = None) -> torch.Tensor:
     """[C, 2] device tensor of (last node, next token) per Check, in order. With `batched` (default:
     off the CPU) greedy checks are chosen in one pass over their flattened nodes and sampled ones in
     one walk per WALK_ROWS requests; on the CPU, where the host is the device, a kernel launch costs

@@ -24,7 +24,8 @@ from ..assembly.load import load_engine, torch_model
 from ..engines.manifest import is_head, verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
 from ..engines.torch_engine import TorchEngine
-from ..runtime.runner import ModelRunner, drive
+from ..runtime.effects import drive
+from ..runtime.runner import ModelRunner
 from ..runtime.tree import TokenTree
 
 

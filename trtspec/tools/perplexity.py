@@ -66,7 +66,7 @@ def estimate(nll: float, nll2: float, count: int) -> tuple[float, float]:
 
 
 def engine_perplexity(runner, parts: list[list[int]], progress=None) -> dict:
-    from ..runtime.runner import drive
+    from ..runtime.effects import drive
     total = [0.0, 0.0, 0]
     for ids in parts:
         runner.reset()

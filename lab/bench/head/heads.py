@@ -35,7 +35,8 @@ def collect(folder: str, out: str, tokens: int) -> None:
     folder = Path(folder)
     from trtspec.assembly.load import load_role, load_tokenizer, open_folder
     from trtspec.engines.head_vocab import corpus
-    from trtspec.runtime.runner import ModelRunner, drive
+    from trtspec.runtime.effects import drive
+    from trtspec.runtime.runner import ModelRunner
     torch.set_num_threads(2)
     manifest, cfg, backend = open_folder(folder)
     engine = load_role(folder, "target", manifest, cfg, backend, threads=2)
@@ -175,7 +176,8 @@ def draft_agreement(folder: str, rows_path: str) -> dict:
     from pathlib import Path
 
     from trtspec.assembly.load import load_role, open_folder
-    from trtspec.runtime.runner import ModelRunner, drive
+    from trtspec.runtime.effects import drive
+    from trtspec.runtime.runner import ModelRunner
     torch.set_num_threads(2)
     folder = Path(folder)
     docs = torch.load(rows_path)

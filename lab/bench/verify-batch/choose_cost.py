@@ -2,7 +2,7 @@
 per batch: B requests' trees (the default pair's vocabulary, 151,936) verified together.
 
   before (CHECKOUT at 35220e9): each request's choice alone (greedy_choice / sampling_choice), then
-          the phase's one joined read (runner.read_together)
+          the phase's one joined read (effects.resolve)
   after:  verify.choose_together over the phase's Checks, then the same read: either tree by tree
           (the CPU's default: greedy_choice, sampling_choice with early exit) or batched (what a
           GPU runs: greedy rows in one pass over the flattened nodes, sampled rows in one walk of
@@ -25,7 +25,7 @@ import torch
 here = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(here))
 from trtspec.runtime import verify  # noqa: E402
-from trtspec.runtime.runner import read_together, Read  # noqa: E402
+from trtspec.runtime.effects import Read, resolve  # noqa: E402
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits  # noqa: E402
 from trtspec.runtime.tree import TokenTree  # noqa: E402
 
@@ -79,13 +79,13 @@ def main(path: str, before: str | None) -> None:
             row = {"sampling": "sampled" if sampled else "greedy", "batch": b}
             if old is not None:
                 if sampled:
-                    row["before_ms"] = timed(lambda: read_together([Read(old.sampling_choice(t, p, g))
+                    row["before_ms"] = timed(lambda: resolve([Read(old.sampling_choice(t, p, g))
                                                                     for t, p, g in zip(trees, scores, gens())]))
                 else:
-                    row["before_ms"] = timed(lambda: read_together([Read(old.greedy_choice(t, x))
+                    row["before_ms"] = timed(lambda: resolve([Read(old.greedy_choice(t, x))
                                                                     for t, x in zip(trees, scores)]))
             checks = lambda: [verify.Check(t, x, g) for t, x, g in zip(trees, scores, gens())]   # noqa: E731
-            row["after_ms"] = timed(lambda: read_together(checks()))
+            row["after_ms"] = timed(lambda: resolve(checks()))
             row["after_batched_ms"] = timed(lambda: verify.choose_together(checks(), batched=True).tolist())
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -37,8 +37,8 @@ import numpy as np
 
 from ..budget import Round
 from ..decode import DecodeState
+from ..effects import Calls
 from ..proposal import DRAFT, Proposal, tag
-from ..runner import Calls
 from ..tree import TokenTree
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..decode import DecodeState
 from ..draft_tree import DraftTree
-from ..runner import Calls
+from ..effects import Calls
 from .base import Drafter
 
 

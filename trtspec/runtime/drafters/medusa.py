@@ -16,8 +16,8 @@ import itertools
 import numpy as np
 
 from ..decode import DecodeState
-from ..heads import TOP_K, ask
-from ..runner import Calls
+from ..effects import Calls, ask
+from ..heads import TOP_K
 from .base import Candidate, Drafter
 
 

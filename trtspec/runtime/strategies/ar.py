@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..decode import DecodeState
-from ..runner import Calls
+from ..effects import Calls
 from .base import Strategy
 
 

@@ -20,8 +20,8 @@ from ...errors import ConfigError
 from ...options import checked_init
 from ..decode import DecodeState
 from ..drafters import DRAFTERS, DraftModel, Drafter, make_drafter
+from ..effects import Calls
 from ..proposal import Proposal
-from ..runner import Calls
 
 
 class Strategy:

@@ -35,7 +35,7 @@ from ...options import Drafters, auto_or
 from ..budget import Round, joined
 from ..decode import DecodeState
 from ..drafters import first_chain
-from ..runner import Calls
+from ..effects import Calls
 from .base import Strategy
 
 Count = Annotated[int, Field(ge=0, le=64)]

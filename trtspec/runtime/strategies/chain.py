@@ -14,8 +14,8 @@ import torch
 from ...options import Budget, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
+from ..effects import Calls, read
 from ..proposal import Proposal
-from ..runner import Calls, read
 from ..tree import TokenTree
 from .base import Strategy
 

@@ -30,7 +30,7 @@ from pydantic import Field
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
 from ..budget import Plan, Round, joined
 from ..decode import DecodeState
-from ..runner import Calls, read
+from ..effects import Calls, read
 from .base import Strategy
 
 if TYPE_CHECKING:

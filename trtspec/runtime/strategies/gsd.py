@@ -28,7 +28,7 @@ from pydantic import Field
 from ...options import Budget, Fraction, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
-from ..runner import Calls
+from ..effects import Calls
 from .base import Strategy
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from pydantic import Field
 from ...options import Drafters, TreeSize
 from ..decode import DecodeState
 from ..drafters import first_chain
+from ..effects import Calls
 from ..proposal import Proposal
-from ..runner import Calls
 from ..tree import TokenTree
 from .base import Strategy
 

@@ -43,8 +43,8 @@ from ...options import Budget, Drafters, Fraction, TreeSize
 from ..budget import Plan, Round, Values, joined
 from ..decode import DecodeState
 from ..drafters import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
+from ..effects import Calls
 from ..proposal import DRAFT, Proposal
-from ..runner import Calls
 from .base import Strategy
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from pydantic import Field
 
 from ...options import Budget, Fraction, TreeSize
 from ..decode import DecodeState
-from ..proposal import Proposal
-from ..runner import Calls
 from ..drafters import SuffixDrafter
+from ..effects import Calls
+from ..proposal import Proposal
 from .base import Strategy
 
 Small = Annotated[int, Field(ge=1, le=64)]
