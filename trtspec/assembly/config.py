@@ -72,7 +72,7 @@ class ModelEntry(Strict):
     # What a quantized ONNX Runtime model's MatMuls do with their activations (MatMulNBits' accuracy
     # level). auto: the target fp32 (level 1), drafts int8 (level 4). A target at int8 (about 1.7x
     # faster per step here) gets exact attention: fp64 attention and KV, so a tree's rows still give
-    # the logits of one-token forwards (docs/ARCHITECTURE.md, "Exact attention").
+    # the logits of one-token forwards (docs/design.md, "Exact attention").
     activations: Literal["auto", "fp32", "int8"] = "auto"
     # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
     # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another

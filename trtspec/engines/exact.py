@@ -1,4 +1,4 @@
-"""Exact on a GPU by construction (docs/ARCHITECTURE.md, "Exact on a GPU by construction"): a torch
+"""Exact on a GPU by construction (docs/design.md, "Exact on a GPU by construction"): a torch
 target whose every decode step, `ar` included, runs at one padded shape, with attention and its KV
 cache in float64 and cuBLAS without reduced-precision reductions or split-K. Measured on an H200
 (docs/bench/gpu/h200-2026-11-28/): tree rows then carry the logits of the same path fed one token

@@ -71,7 +71,7 @@ class OrtEngine(Engine):
     def close(self) -> None:
         # The binding holds the session; the session owns ORT's intra-op thread pool, whose threads
         # are joined when it is released: here, in the order Generator.close() chooses, not in
-        # whatever order interpreter teardown reaches them (docs/ARCHITECTURE.md, process lifecycle).
+        # whatever order interpreter teardown reaches them (docs/design.md, process lifecycle).
         self.io = self.session = self.staging = self._logits = self._hidden = self.hidden = None
 
     def step_batch(self, caches: list[KVCache], input_ids, position_ids, attn_mask, logit_rows) -> torch.Tensor:

@@ -8,7 +8,7 @@ op rather than standard blocked `DequantizeLinear` + `MatMul` because it is what
 run (no fusion pass needed to get there). TensorRT would want the QDQ form instead; quantized
 TensorRT plans are not built (refused in the config: never ran here).
 
-The kernel's accuracy level follows `activations:` (docs/ARCHITECTURE.md, "Exact attention"):
+The kernel's accuracy level follows `activations:` (docs/design.md, "Exact attention"):
 - fp32 (level 1; a target's default): tree rows stay within fp32's ~1e-5 of one-token rows.
 - int8 (level 4; a draft's default, ~1.7x faster per target step): a lone MatMulNBits gives
   bit-identical rows whatever the row count, but in fp32 attention a tree forward and a one-token

@@ -96,7 +96,7 @@ def read_head(path: str | Path, hidden_size: int, vocab_size: int, kind: str = "
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     path = Path(path)
-    fix = "write it as docs/ARCHITECTURE.md (\"Adding a head\") describes, or fix heads.NAME.model"
+    fix = "write it as docs/design.md (\"Adding a head\") describes, or fix heads.NAME.model"
     try:
         state = load_file(str(path))
     except (OSError, SafetensorError) as e:

@@ -69,7 +69,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     # Attention arithmetic and KV dtype; None: the weights'. float64 (Decoder.exact_attention) makes a
     # row's attention output, rounded to fp32, independent of how many rows a forward carries and
-    # where its ancestors sit (docs/ARCHITECTURE.md, "Exact attention").
+    # where its ancestors sit (docs/design.md, "Exact attention").
     acc: torch.dtype | None = None
 
     def __init__(self, spec: ModelSpec):

@@ -1,6 +1,6 @@
 """Engine: the one interface every backend (torch, ONNX Runtime, TensorRT) implements.
 
-An engine runs the step contract (docs/ARCHITECTURE.md, version 2) for B rows at once, each row a
+An engine runs the step contract (docs/ARCHITECTURE.md, version 4) for B rows at once, each row a
 request with its own KV slot:
 
     logits[B, R, V] = engine.step_batch(caches[B], input_ids[B, T], position_ids[B, T],
