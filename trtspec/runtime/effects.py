@@ -15,6 +15,7 @@ effect alone (tools and tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from typing import Generator as Coroutine
 
 import torch
@@ -22,6 +23,9 @@ import torch
 from .heads import run_heads
 from .tree import TokenTree
 from .verify import choose_together
+
+if TYPE_CHECKING:
+    from .batch import Call
 
 
 @dataclass
