@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+
 import click
 import numpy as np
 import torch

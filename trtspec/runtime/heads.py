@@ -11,6 +11,7 @@ import torch
 
 TOP_K = 3          # guesses a drafter asks of each head (its top-k): a tree of up to 3 + 9 + 27 ... nodes
 
+
 def run_heads(calls: list) -> list[torch.Tensor]:
     """Each call's answer on the device (its probs, then its tokens as floats: ids < 2^24 are exact),
     the calls of one head and k joined into one forward."""
