@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.runtime.suffix import SuffixStore
+from trtspec.runtime.drafters.suffix import SuffixStore
 from trtspec.tools.datasets import _humaneval_rows
 
 

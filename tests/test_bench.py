@@ -468,7 +468,7 @@ def test_repetitive_workloads_are_built_from_human_eval():
 def test_suffix_variants_learn_only_from_their_own_runs(engines, prompts_file, tmp_path):
     """Two suffix runners in one bench keep separate global tries (neither drafts from the other's
     answer to the same prompt), and the warm-up teaches neither: each holds only its measured runs."""
-    from trtspec.runtime import suffix as suffix_mod
+    from trtspec.runtime.drafters import suffix as suffix_mod
     suffix_mod.forget()
     r = invoke("--config", TINY, "--engines", engines, "--dataset", prompts_file, "--strategies",
                "suffix,suffix:width=1", "--peers", "none", "--limit", 2, "--max-new-tokens", 8, "--threads", 1,

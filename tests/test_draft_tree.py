@@ -26,7 +26,7 @@ from hypothesis import strategies as hst
 
 from conftest import reference_logits
 from trtspec.runtime.decode import DecodeState
-from trtspec.runtime.draft_tree import DraftTree
+from trtspec.runtime.draft_model import DraftTree
 from trtspec.runtime.effects import drive
 from trtspec.runtime.runner import ModelRunner
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits

@@ -1,13 +1,16 @@
-"""Drafters as parts (runtime/drafters/): a drafter registered from this file alone drives every
-strategy that grows trees from a drafter, its nodes counted under its own name, every output
-equal to the target's greedy output, alone and in a batch with other requests and drafters."""
+"""Drafters as parts (runtime/drafters/): a drafter registered from this file alone (free, or backed
+by a head role's forward) drives every strategy that grows trees from a drafter, its nodes counted
+under its own name, every output equal to the target's greedy output, alone and in a batch with
+other requests and drafters."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from trtspec.errors import ConfigError
+from trtspec.runtime.draft_model import DraftModel
 from trtspec.runtime.drafters import DRAFTERS, Candidate, Drafter
+from trtspec.runtime.effects import ask
 from trtspec.runtime.strategies import Staged, strategy
 
 PROMPTS = ([2, 11, 2, 11, 5], [7, 3, 9], [4, 4, 8, 1, 6, 2])
@@ -130,9 +133,9 @@ def test_an_override_of_the_drafter_wins_over_the_config_s_other_spelling(oracle
     configured = {"staged": {"suffix": True}, "cascade": {"drafter": "oracle"}}
 
     def names(spec, **overrides):
-        model, *free = [d.name for d in strategy(spec, configured, **overrides).drafters]
-        assert model == "draft"                      # both run the draft model: first in their list
-        return free
+        strat = strategy(spec, configured, **overrides)
+        assert isinstance(strat.model, DraftModel)   # both run the draft model: a part of their own
+        return [d.name for d in strat.drafters]
     assert names("staged") == ["suffix"]
     assert names("staged:drafter=ngram") == ["ngram"]
     assert names("staged:drafter=oracle") == ["oracle"]
@@ -143,9 +146,9 @@ def test_an_override_of_the_drafter_wins_over_the_config_s_other_spelling(oracle
     with pytest.raises(ConfigError) as e:
         Staged(drafter="oracle", suffix=True)
     assert "\n" not in str(e.value) and "give one" in str(e.value)
-    with pytest.raises(ConfigError) as e:                # the draft model is the strategy's own, first
+    with pytest.raises(ConfigError) as e:                # the draft model is the strategy's own part
         Staged(drafter="draft+suffix")
-    assert "\n" not in str(e.value) and "'draft': a model's drafter" in str(e.value)
+    assert "\n" not in str(e.value) and "'draft': the draft model is not a drafter" in str(e.value)
 
 
 class Wrong(Oracle):
@@ -214,3 +217,64 @@ def test_a_bad_list_of_drafters_is_one_line():
         with pytest.raises(ConfigError) as e:
             strategy(spec)
         assert "\n" not in str(e.value) and words in str(e.value) and "strategies." in str(e.value), spec
+
+
+class Lookahead(Drafter):
+    """A model-backed drafter registered from this file alone: before each step it asks the `medusa`
+    head role for its top-1 at every depth after the root (one forward, batched with the phase's other
+    requests' asks by the scheduler), and offers that path as its chain and as scored candidates."""
+    name = "lookahead"
+    scored = True
+    reads_hidden = True
+    reads_head = "medusa"
+    asked: list[int] = []
+
+    def prepare(self, st):
+        st.strategy_state.pop(self.name, None)
+        if st.hidden is not None:
+            probs, toks = yield from ask(st.heads[self.reads_head], st.hidden[-1:], 1)
+            st.strategy_state[self.name] = (st.n_tokens, [float(p[0]) for p in probs[0]], [int(t[0]) for t in toks[0]])
+            self.asked.append(st.n_tokens)
+
+    def _path(self, st):
+        got = st.strategy_state.get(self.name)
+        return ([], []) if got is None or got[0] != st.n_tokens else got[1:]
+
+    def chain(self, st, context, n: int) -> list[int]:
+        return self._path(st)[1][:n] if len(context) == st.n_tokens else []
+
+    def candidates(self, st, cap: int) -> tuple[int, list[Candidate]]:
+        out, value = [], 1.0
+        for i, (p, tok) in enumerate(zip(*self._path(st))):
+            value = st.values.child(value, p, self.tag)
+            out.append(Candidate(i - 1, tok, p, value))
+        return 0, out[:cap]
+
+
+def test_a_model_backed_drafter_registered_from_a_test_file_drives_the_strategies(monkeypatch):
+    """A drafter whose candidates cost a head role's forward is its file (here: this one) and a registry
+    line: `ngram` verifies its chain, `staged` mixes its candidates with the draft's (a head's, from the
+    first node), every output equals `ar`'s alone and batched, and its nodes are counted under its name."""
+    from trtspec.engines.torch_engine import TorchEngine
+    from trtspec.export.head import MedusaHead
+    from trtspec.export.tiny import tiny_pair, tiny_spec
+    from trtspec.runtime.generator import Generator
+    monkeypatch.setitem(DRAFTERS, "lookahead", Lookahead)
+    monkeypatch.setattr(Lookahead, "asked", [])
+    target, draft = tiny_pair(tiny_spec(arch="llama"), seed=0)
+    target.hidden_rows = True
+    gen = Generator(TorchEngine(target), TorchEngine(draft), capacity=128,
+                    heads={"medusa": MedusaHead.echo(target.lm_head.weight)})
+    try:
+        prompts = [[3, 17, 99, 250, 401, 7] * 2, [5, 6, 7], [9, 9, 9]]
+        refs = [gen.generate(p, strategy="ar", max_new_tokens=12).token_ids for p in prompts]
+        assert not Lookahead.asked                                        # ar asks no head
+        for spec in ("ngram:drafter=lookahead", "staged:drafter=lookahead+ngram:budget=6"):
+            handles = [gen.submit(p, strategy=spec, max_new_tokens=12, record_trees=True) for p in prompts]
+            results = [h.result(timeout=120) for h in handles]
+            assert [r.token_ids for r in results] == refs, spec
+            nodes = sum(s.extra.get("sources", {}).get("lookahead", [0, 0])[0] for r in results for s in r.steps)
+            assert nodes > 0, spec                                      # its own nodes, under its name
+        assert len(Lookahead.asked) > 2 * len(prompts)                  # asked before the steps
+    finally:
+        gen.close()

@@ -201,15 +201,15 @@ def test_strategies_only_propose():
 
 def test_strategies_reach_drafters_through_their_registry():
     """A strategy names its drafter (`make_drafter`, runtime/drafters/__init__.py) and reads its nodes'
-    source from the drafter's tag: no strategy imports a drafter's module or the algorithms behind one
-    (ngram.py, suffix.py, draft_tree.py: the draft model is a drafter too, first in the list of a
-    strategy that runs it, and no strategy runs the draft's runner but through it), and every drafter
-    file holds a registered drafter (a new one is its file and a registry line)."""
+    source from the drafter's tag: no strategy imports a drafter's module (each holds its drafter and
+    the algorithm behind it: the max-gram matcher, the suffix tries), no strategy runs the draft's
+    runner but through the draft model's part (draft_model.py, `self.model`), and every drafter file
+    holds a registered drafter (a new one is its file and a registry line). A drafter declares what
+    free and head drafters share, no more; the draft model is no drafter."""
     mods = modules()
-    behind = {"trtspec.runtime.ngram", "trtspec.runtime.suffix", "trtspec.runtime.draft_tree"}
     for m, path in mods.items():
         if m.startswith("trtspec.runtime.strategies."):
-            bad = {i for i in imports(m, path) if i in behind or i.startswith("trtspec.runtime.drafters.")}
+            bad = {i for i in imports(m, path) if i.startswith("trtspec.runtime.drafters.")}
             assert not bad, f"{path.name} imports {sorted(bad)}"
             text = path.read_text()
             assert "st.draft." not in text and "st.draft_catch_up" not in text, f"{path.name} runs the draft itself"
@@ -226,6 +226,13 @@ def test_strategies_reach_drafters_through_their_registry():
             own = next(ast.literal_eval(a.value) for a in classes[name].body if isinstance(a, ast.Assign)
                        and getattr(a.targets[0], "id", "") == "name")
             assert registered.get(own) == name, f"drafters/{path.name}: {name} is not DRAFTERS[{own!r}]"
+    base = next(n for n in ast.parse((PKG / "runtime" / "drafters" / "base.py").read_text()).body
+                if isinstance(n, ast.ClassDef) and n.name == "Drafter")
+    flags = {t.id for a in base.body if isinstance(a, (ast.Assign, ast.AnnAssign))
+             for t in (a.targets if isinstance(a, ast.Assign) else [a.target])}
+    assert flags == {"name", "scored", "reads_hidden", "reads_head"}, sorted(flags)
+    assert "draft" not in registered and not any(m.endswith((".ngram", ".suffix")) for m in mods
+                                                 if ".drafters." not in m and ".strategies." not in m)
 
 
 # The budget's whole protocol (runtime/budget/__init__.py, `Budget`): a step begins, a proposer asks
@@ -293,7 +300,7 @@ def test_no_proposer_asks_the_budget_inside_its_loops():
     about one by one."""
     bad, asked = [], 0
     for path in [*(PKG / "runtime" / "strategies").glob("*.py"), *(PKG / "runtime" / "drafters").glob("*.py"),
-                 PKG / "runtime" / "draft_tree.py"]:
+                 PKG / "runtime" / "draft_model.py"]:
         tree = ast.parse(path.read_text())
         fns = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
         askers = set()

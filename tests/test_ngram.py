@@ -1,4 +1,4 @@
-"""NGramDrafter: longest-suffix match semantics against a naive O(n^2) reference."""
+"""MaxGram: longest-suffix match semantics against a naive O(n^2) reference."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hst
 
-from trtspec.runtime.ngram import NGramDrafter
+from trtspec.runtime.drafters.ngram import MaxGram
 
 
 def arr(xs) -> np.ndarray:
@@ -51,74 +51,74 @@ def naive_propose(seq, k, max_ngram=32, min_ngram=1, occurrence="latest", bigram
 
 def test_latest_vs_earliest_occurrence():
     seq = arr([1, 2, 9, 1, 2, 8, 5, 1, 2])          # [1, 2] ends at 1 and at 4
-    assert NGramDrafter(occurrence="latest").match(seq) == 4
-    assert NGramDrafter(occurrence="earliest").match(seq) == 1
-    assert NGramDrafter(occurrence="latest").propose(seq, 1) == [8]
-    assert NGramDrafter(occurrence="earliest").propose(seq, 1) == [9]
+    assert MaxGram(occurrence="latest").match(seq) == 4
+    assert MaxGram(occurrence="earliest").match(seq) == 1
+    assert MaxGram(occurrence="latest").propose(seq, 1) == [8]
+    assert MaxGram(occurrence="earliest").propose(seq, 1) == [9]
 
 
 def test_longest_suffix_beats_a_later_shorter_one():
     seq = arr([3, 1, 2, 7, 4, 1, 2, 8, 3, 1, 2])    # [3,1,2] ends at 2; [1,2] also at 6
-    assert NGramDrafter().match(seq) == 2
-    assert NGramDrafter().propose(seq, 1) == [7]
+    assert MaxGram().match(seq) == 2
+    assert MaxGram().propose(seq, 1) == [7]
     # max_ngram caps the suffix length: then the latest 2-gram occurrence wins.
-    assert NGramDrafter(max_ngram=2).match(seq) == 6
-    assert NGramDrafter(max_ngram=2).propose(seq, 1) == [8]
+    assert MaxGram(max_ngram=2).match(seq) == 6
+    assert MaxGram(max_ngram=2).propose(seq, 1) == [8]
 
 
 def test_no_match_gives_nothing():
-    assert NGramDrafter().propose(arr([1, 2, 3, 4]), 5) == []
-    assert NGramDrafter().match(arr([1, 2, 3, 4])) == -1
-    assert NGramDrafter().propose(arr([7]), 3) == []           # too short to match anything
-    assert NGramDrafter().match(arr([7])) == -1
-    assert NGramDrafter().match(arr([])) == -1
+    assert MaxGram().propose(arr([1, 2, 3, 4]), 5) == []
+    assert MaxGram().match(arr([1, 2, 3, 4])) == -1
+    assert MaxGram().propose(arr([7]), 3) == []           # too short to match anything
+    assert MaxGram().match(arr([7])) == -1
+    assert MaxGram().match(arr([])) == -1
 
 
 def test_min_ngram_rejects_short_matches():
     seq = arr([4, 1, 2, 8, 5, 2])                    # only the 1-gram [2] recurs
-    assert NGramDrafter().match(seq) == 2
-    assert NGramDrafter(min_ngram=2).match(seq) == -1
-    assert NGramDrafter(min_ngram=2).propose(seq, 4) == []
+    assert MaxGram().match(seq) == 2
+    assert MaxGram(min_ngram=2).match(seq) == -1
+    assert MaxGram(min_ngram=2).propose(seq, 4) == []
 
 
 def test_copy_is_k_limited():
     seq = arr([1, 2, 3, 4, 5, 6, 1, 2])
-    assert NGramDrafter().propose(seq, 3) == [3, 4, 5]
-    assert NGramDrafter().propose(seq, 1) == [3]
-    assert NGramDrafter().propose(seq, 0) == []
+    assert MaxGram().propose(seq, 3) == [3, 4, 5]
+    assert MaxGram().propose(seq, 1) == [3]
+    assert MaxGram().propose(seq, 0) == []
 
 
 def test_continuation_past_end_of_sequence_researches():
     # [5, 6] matched at the start; only [7, 5, 6] follow it, so the drafter re-searches on
     # seq + drafts and keeps copying the period.
     seq = arr([5, 6, 7, 5, 6])
-    assert NGramDrafter().propose(seq, 3) == [7, 5, 6]
-    assert NGramDrafter().propose(seq, 6) == [7, 5, 6, 7, 5, 6]
-    assert NGramDrafter().propose(seq, 8) == [7, 5, 6, 7, 5, 6, 7, 5]
+    assert MaxGram().propose(seq, 3) == [7, 5, 6]
+    assert MaxGram().propose(seq, 6) == [7, 5, 6, 7, 5, 6]
+    assert MaxGram().propose(seq, 8) == [7, 5, 6, 7, 5, 6, 7, 5]
     # A constant run: each copy can only take what follows the match, then re-searches.
-    assert NGramDrafter().propose(arr([4, 4]), 5) == [4, 4, 4, 4, 4]
+    assert MaxGram().propose(arr([4, 4]), 5) == [4, 4, 4, 4, 4]
 
 
 def test_propose_does_not_modify_the_sequence():
     seq = arr([5, 6, 7, 5, 6])
     before = seq.copy()
-    NGramDrafter().propose(seq, 8)
+    MaxGram().propose(seq, 8)
     assert np.array_equal(seq, before)
 
 
 def test_bigram_fallback():
     bigram = (np.arange(10) + 1) % 10
-    d = NGramDrafter(bigram=bigram)
+    d = MaxGram(bigram=bigram)
     assert d.propose(arr([1, 2, 3]), 3) == [4, 5, 6]         # no match: pure bigram chain
     assert d.propose(arr([9]), 2) == [0, 1]
     # A match fills first; with min_ngram=2 a 1-gram match does not count, so the bigram takes over.
-    assert NGramDrafter(min_ngram=2, bigram=bigram).propose(arr([4, 1, 2, 8, 5, 2]), 3) == [3, 4, 5]
+    assert MaxGram(min_ngram=2, bigram=bigram).propose(arr([4, 1, 2, 8, 5, 2]), 3) == [3, 4, 5]
     assert d.propose(arr([1, 2, 3, 4, 5, 6, 1, 2]), 4) == [3, 4, 5, 6]
 
 
 def test_bad_occurrence_rejected():
     with pytest.raises(ValueError, match="occurrence"):
-        NGramDrafter(occurrence="first")
+        MaxGram(occurrence="first")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,14 +136,14 @@ options = hst.fixed_dictionaries({
 @settings(max_examples=400, deadline=None, database=None)
 @given(sequences, options)
 def test_match_equals_naive(seq, opts):
-    assert NGramDrafter(**opts).match(arr(seq)) == naive_match(seq, **opts)
+    assert MaxGram(**opts).match(arr(seq)) == naive_match(seq, **opts)
 
 
 @settings(max_examples=300, deadline=None, database=None)
 @given(sequences, options, hst.integers(1, 12), hst.booleans())
 def test_propose_equals_naive(seq, opts, k, use_bigram):
     bigram = (np.arange(4)[::-1].copy()) if use_bigram else None
-    got = NGramDrafter(**opts, bigram=bigram).propose(arr(seq), k)
+    got = MaxGram(**opts, bigram=bigram).propose(arr(seq), k)
     assert got == naive_propose(seq, k, bigram=bigram, **opts)
     assert len(got) <= k
     if use_bigram:
@@ -156,4 +156,4 @@ def test_propose_equals_naive(seq, opts, k, use_bigram):
 def test_match_long_binary_sequences(seq):
     # Long repetitive sequences: deep suffix matches, many candidate positions.
     for occ in ("latest", "earliest"):
-        assert NGramDrafter(occurrence=occ).match(arr(seq)) == naive_match(seq, occurrence=occ)
+        assert MaxGram(occurrence=occ).match(arr(seq)) == naive_match(seq, occurrence=occ)

@@ -25,7 +25,7 @@ from scipy import stats
 
 from conftest import reference_logits
 from trtspec.runtime import verify as verify_mod
-from trtspec.runtime.ngram import NGramDrafter
+from trtspec.runtime.drafters.ngram import MaxGram
 from trtspec.runtime.sampling import SamplingParams, probs_from_logits
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 from trtspec.runtime.tree import TokenTree
@@ -279,7 +279,7 @@ def ngram_prompt(small_pair) -> list[int]:
         if best:
             break
     assert best is not None
-    assert NGramDrafter().propose(np.asarray(best), 2) == [best[1], best[2]]
+    assert MaxGram().propose(np.asarray(best), 2) == [best[1], best[2]]
     return best
 
 

@@ -574,7 +574,7 @@ def test_suffix_history_per_user_or_off(history):
     from fastapi.testclient import TestClient
     from transformers import AutoTokenizer
 
-    from trtspec.runtime import suffix
+    from trtspec.runtime.drafters import suffix
     from trtspec.runtime.generator import Generator
     from trtspec.serve.app import Service, make_app
     from trtspec.serve.jobs import history_scope
@@ -598,7 +598,7 @@ def test_suffix_history_per_user_or_off(history):
 
 
 def test_global_tries_are_bounded_in_number(monkeypatch):
-    from trtspec.runtime import suffix
+    from trtspec.runtime.drafters import suffix
     suffix.forget()
     monkeypatch.setattr(suffix, "MAX_SCOPES", 3)
     first = suffix.store("s0", 8, 16, 1000)

@@ -1,4 +1,4 @@
-"""Suffix tries (runtime/suffix.py) and the `suffix` strategy: counts equal brute force, removal
+"""Suffix tries (runtime/drafters/suffix.py) and the `suffix` strategy: counts equal brute force, removal
 forgets exactly what was added, the global trie stays under its cap, concurrent requests share it
 without races, a scope's suffix calibration carries across its requests, mixed staged values a
 suffix candidate under its parent and the draft's top-k, and the strategy's output equals `ar`
@@ -19,10 +19,11 @@ from hypothesis import strategies as hst
 
 from trtspec.runtime.budget import Acceptance, Values
 from trtspec.runtime.strategies import Staged, SuffixSpeculative
-from trtspec.runtime.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
+from trtspec.runtime.drafters.suffix import SuffixStore, SuffixTree, Suffixes, continuations, forget, match, store
 from trtspec.runtime.strategies.staged import Offered
 from trtspec.runtime.drafters import Candidate, SuffixDrafter
-from trtspec.runtime.drafters.suffix import CARRY, MIX_MATCH
+from trtspec.runtime.drafters.suffix import CARRY
+from trtspec.runtime.strategies.staged import MIX_MATCH
 
 SEQ = hst.lists(hst.integers(0, 5), max_size=40)
 

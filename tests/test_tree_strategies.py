@@ -331,7 +331,7 @@ def test_cascade_capacity_regression(gens, ar_ref, bigram_tables, monkeypatch, c
     else:
         prompt, strat, n = [3, 17, 99, 3, 17], Cascade(bigram=bigram_tables[512]), MAX_NEW
     caps = []
-    real = strat.model.open                     # the draft model, as the strategy's drafter
+    real = strat.model.open                     # the draft model, the strategy's own part
 
     def spy(st, capacity=512, top_k=1):
         caps.append(capacity)

@@ -10,7 +10,7 @@ checkouts that choose the same trees record the same runs on any machine:
 
 Each run is kept as a digest of its canonical JSON (floats to 10 significant digits: a budget
 record's last bits are not a change of behaviour; a change of any token, tree, path or count is).
-The timing-dependent `measured_gain` is left out. The process's suffix stores (runtime/suffix.py: one
+The timing-dependent `measured_gain` is left out. The process's suffix stores (drafters/suffix.py: one
 trie per scope, shared by every Generator) are emptied before each set, so that what ran before in
 the process cannot change a set; within a set they fill in the set's order, as a server's would.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # tests/, when run as a script
 from conftest import CPU_LIKE, GPU_LIKE, SMALL_NOISE, SMALL_VOCAB, make_pair  # noqa: E402
 
-from trtspec.runtime import suffix
+from trtspec.runtime.drafters import suffix
 from trtspec.runtime.sampling import SamplingParams
 
 STRATEGIES = ["chain", "chain:k=3", "staged", "staged:suffix=true", "staged:budget=8", "dyspec",

@@ -58,7 +58,7 @@ import torch
 
 from ..errors import RequestError
 from ..runtime.prompts import Prompt, encode
-from ..runtime.suffix import forget as forget_history
+from ..runtime.drafters.suffix import forget as forget_history
 from .datasets import load_prompts, second_turns
 from .hf_peers import PEERS as HF_PEERS
 from .llamacpp_peers import PEERS as LLAMA_CPP_PEERS

@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import RequestError
-from ..runtime.suffix import forget as forget_history
+from ..runtime.drafters.suffix import forget as forget_history
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -16,9 +16,10 @@ request's Values and budget, and hands the tree to the shared step. A drafter on
   step's candidates need (a head's forward over the target's last hidden row, heads.ask: run with
   the phase's other requests' in one batched forward); most drafters need nothing.
 
-The draft model is a drafter too (draft.py, `role = "draft"`: its candidates cost a forward, so it
-has methods of its own and an empty free interface); a strategy that runs it holds it first in its
-list. A strategy takes a list of free drafters (`drafter: [suffix, ngram]`), as llama.cpp chains its
+What every drafter declares: its `name` (the registry's, and its nodes' tag), whether it is
+`scored`, whether it `reads_hidden` (the target's hidden rows) and the kind of head role it asks
+(`reads_head`). The draft model is not a drafter: it is a part of its own (draft_model.py), which a
+strategy that runs it holds as `model`, beside its drafters. A strategy takes a list of drafters (`drafter: [suffix, ngram]`), as llama.cpp chains its
 speculators: a chain is the first drafter's that is not empty (`first_chain`), and the scored
 drafters' candidates join one tree, a path two of them propose joining once, as the better's
 (`merged`); each node keeps the tag of the drafter that proposed it.
@@ -55,9 +56,6 @@ class Drafter:
     scored = False       # `candidates` gives scored trees (else chains only)
     reads_hidden = False  # it reads `st.hidden`, the target's hidden rows (a head: target.hidden_rows)
     reads_head: str | None = None   # the kind of head role it asks (`heads:` in the config; st.heads)
-    mix_match = 0         # a scored drafter's candidates join a draft model's tree after a match this long
-    always_offers = False  # it offers a tree every step (a head): beside it the draft is measured once (staged)
-    role: str | None = None   # the model role whose forwards its candidates cost (the draft model's: draft.py)
 
     def __init__(self, scope: str = "default") -> None:
         self.scope = scope            # what a drafter that learns across requests shares them by

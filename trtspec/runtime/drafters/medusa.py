@@ -26,7 +26,6 @@ class Medusa(Drafter):
     scored = True
     reads_hidden = True
     reads_head = "medusa"
-    always_offers = True
 
     def __init__(self, scope: str = "default", top_k: int = TOP_K, min_prob: float = 0.01):
         super().__init__(scope)

@@ -19,7 +19,8 @@ from __future__ import annotations
 from ...errors import ConfigError
 from ...options import checked_init
 from ..decode import DecodeState
-from ..drafters import DRAFTERS, DraftModel, Drafter, make_drafter
+from ..draft_model import DraftModel
+from ..drafters import DRAFTERS, Drafter, make_drafter
 from ..effects import Calls
 from ..proposal import Proposal
 
@@ -29,8 +30,8 @@ class Strategy:
     needs_draft = False
     auto = False       # budget: auto (the request's budget sizes every tree, up to `nodes`)
     nodes = 0          # the most nodes a tree adds to its root (the cap, with auto)
-    drafters: tuple[Drafter, ...] | list[Drafter] = ()   # the drafters it grows trees with, in order (the
-    #                                                      draft model first where it runs one: `model`)
+    drafters: tuple[Drafter, ...] | list[Drafter] = ()   # the drafters it grows trees with, in order
+    model: DraftModel | None = None     # the draft model, where it runs one (`needs_draft`; draft_model.py)
 
     def __init__(self) -> None:
         pass
@@ -90,23 +91,16 @@ class Strategy:
         return ["suffix"] if suffix else names
 
     def cheap_drafters(self, names: list[str], only: dict[str, dict] | None = None, **options) -> list[Drafter]:
-        """The free drafters `names`, each with `options` (and `only[name]`, options for that one alone),
-        through the registry (an unknown name, or a model's drafter: a ConfigError naming
-        `strategies.NAME.drafter` and the choices). They are the strategy's `drafters`, after the
-        draft model where the strategy runs one (`model`); `finished` reaches each. Returns the free ones."""
+        """The drafters `names`, each with `options` (and `only[name]`, options for that one alone),
+        through the registry (an unknown name: a ConfigError naming `strategies.NAME.drafter` and the
+        choices): the strategy's `drafters`, which `prepare` and `finished` reach. The draft model is
+        no drafter: a strategy that runs it holds it as `model` (draft_model.py)."""
         where = f"strategies.{self.name}.drafter"
-        free = [make_drafter(n, where, **options, **(only or {}).get(n, {})) for n in names]
-        if owned := [d.name for d in free if d.role]:
-            raise ConfigError(f"{where} = {owned[0]!r}: a model's drafter, not a free one (a strategy that runs "
-                              "the draft model holds it already); name free drafters: "
-                              + ", ".join(n for n, d in DRAFTERS.items() if not d.role))
-        self.drafters = ([make_drafter("draft", where)] if self.needs_draft else []) + free
-        return free
-
-    @property
-    def model(self) -> DraftModel:
-        """The draft model, as a drafter: first of the drafters of a strategy that runs it (`needs_draft`)."""
-        return self.drafters[0]
+        if "draft" in names:
+            raise ConfigError(f"{where} = 'draft': the draft model is not a drafter (a strategy that runs it holds "
+                              f"it already); name drafters: {', '.join(DRAFTERS)}")
+        self.drafters = [make_drafter(n, where, **options, **(only or {}).get(n, {})) for n in names]
+        return self.drafters
 
     def sized(self, budget: int | str, cap: int) -> None:
         """A tree budget option: a fixed number of nodes, or "auto" up to `cap`."""

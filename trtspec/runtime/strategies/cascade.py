@@ -34,6 +34,7 @@ from ...errors import ConfigError
 from ...options import Drafters, auto_or
 from ..budget import Round, joined
 from ..decode import DecodeState
+from ..draft_model import DraftModel
 from ..drafters import first_chain
 from ..effects import Calls
 from .base import Strategy
@@ -57,6 +58,7 @@ class Cascade(Strategy):
         self.nodes = self.kd + mag_len + k_mag       # + a last review's MaG tokens + the raw MaG tier
         table = _bigram(bigram) if bigram else None      # fills in the ngram drafter's misses (only its)
         self.scope = scope
+        self.model = DraftModel()
         self.cheap_drafters(self.drafter_choice(drafter, suffix), only={"ngram": {"bigram": table}} if bigram else None,
                             scope=scope)
 

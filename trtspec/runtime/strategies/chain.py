@@ -14,6 +14,7 @@ import torch
 from ...options import Budget, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
+from ..draft_model import DraftModel
 from ..effects import Calls, read
 from ..proposal import Proposal
 from ..tree import TokenTree
@@ -28,7 +29,7 @@ class ChainSpeculative(Strategy):
     def __init__(self, k: Budget = "auto", max_k: TreeSize = 8):
         self.k, self.max_k = k, max_k
         self.sized(k, max_k)
-        self.cheap_drafters([])                   # the draft model alone
+        self.model = DraftModel()                 # the draft model alone
 
     def max_draft_rows(self) -> int:
         return self.nodes - 1

@@ -30,11 +30,12 @@ from pydantic import Field
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
 from ..budget import Plan, Round, joined
 from ..decode import DecodeState
+from ..draft_model import DraftModel
 from ..effects import Calls, read
 from .base import Strategy
 
 if TYPE_CHECKING:
-    from ..draft_tree import DraftTree
+    from ..draft_model import DraftTree
 
 
 class DySpec(Strategy):
@@ -47,7 +48,7 @@ class DySpec(Strategy):
         self.variant, self.budget, self.max_budget, self.batch = variant, budget, max_budget, batch
         self.threshold, self.max_depth = threshold, max_depth
         self.sized(budget, max_budget)
-        self.cheap_drafters([])                   # the draft model alone
+        self.model = DraftModel()                 # the draft model alone
 
     def max_draft_rows(self) -> int:
         return self.nodes                      # every fed node was added first

@@ -28,11 +28,12 @@ from pydantic import Field
 from ...options import Budget, Fraction, TreeSize
 from ..budget import Round
 from ..decode import DecodeState
+from ..draft_model import DraftModel
 from ..effects import Calls
 from .base import Strategy
 
 if TYPE_CHECKING:
-    from ..draft_tree import DraftTree
+    from ..draft_model import DraftTree
 
 
 class GSD(Strategy):
@@ -47,7 +48,7 @@ class GSD(Strategy):
         self.max_depth, self.budget, self.max_budget = max_depth, budget, max_budget
         self.max_draft_nodes = max_draft_nodes
         self.sized(budget, max_budget)
-        self.cheap_drafters([])                   # the draft model alone
+        self.model = DraftModel()                 # the draft model alone
 
     def max_draft_rows(self) -> int:
         # Fed frontier nodes: those at depths 1 .. max_depth-1, at most top_k**d of them at depth d.

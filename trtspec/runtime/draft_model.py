@@ -1,24 +1,35 @@
-"""DraftTree: a token tree grown by the draft model inside the draft's KV scratch.
+"""The draft model as a part: `DraftModel`, which a strategy that runs it holds as `self.model`, and
+`DraftTree`, a step's token tree grown by the draft inside its KV scratch.
 
-Shared by every tree strategy (staged, dyspec, gsd, cascade). Node 0 is the root (the last emitted
-token). A node is *fed* once the draft has run on its token: its KV row sits in the draft scratch
-and `probs[node]` (the draft's distribution over its children) is known. Many nodes are fed in one
+Every strategy that runs a draft model (`needs_draft`: chain, staged, dyspec, gsd, cascade) reaches
+it through `self.model` alone (no strategy touches the draft's runner, `st.draft`):
+
+- `open(st, capacity, top_k)`: a step's tree grown by the draft (the draft catches up on the tokens
+  it has not seen and runs on the root; then `tree.candidates(node, value)` are its valued children
+  of a fed node, `tree.feed(nodes, chains)` feeds a frontier and reviews the free drafters' chains in
+  the same forward, and `tree.proposal()` hands the tree and its draft KV rows to the shared step,
+  which commits the accepted path's);
+- `extend(st, tokens)` and `catch_up(st)`: a chain's forwards, one token at a time (`chain`);
+- `forwards(st)`: the request's draft forwards so far (a step reports how many it made).
+
+It is not a drafter (drafters/ has the free and head ones, which cost no draft forward): its nodes
+are tagged `draft` (proposal.DRAFT), and the free drafters' chains it reviews `review`. Per-request
+state (the draft's KV, its scratch rows) lives in the request's slot and DecodeState, never here.
+
+DraftTree (shared by staged, dyspec, gsd, cascade). Node 0 is the root (the last emitted token). A
+node is *fed* once the draft has run on its token: its KV row sits in the draft scratch and
+`probs[node]` (the draft's distribution over its children) is known. Many nodes are fed in one
 batched draft forward; each sees the committed prefix, the pending chain, and its own ancestors.
 
 Every method that runs the draft is a coroutine of model calls (`yield from tree.feed(...)`, see
-runner.py), so the draft calls of many requests can share one batched forward.
+effects.py), so the draft calls of many requests can share one batched forward.
 
 `feed(nodes, chains=...)` also lets a cheaper drafter's chain be *reviewed* by the draft in the same
 forward (staged speculation / vertical cascade): chain tokens are fed speculatively and kept only
 while each equals the draft's own argmax at its parent (or passes a lenience test); the rest are
 marked dead and never reach the target.
 
-It is the draft model as a part (drafters/base.py has the free ones): `open` begins a step's tree,
-`candidates(node, value)` are the model's valued children of a fed node (its nodes are tagged
-`draft`), `feed` feeds a frontier (and reviews other drafters' chains), and the step accepts by
-committing the draft KV rows of the verified path (`proposal`).
-
-Each draft forward ends with one host read (`runner.read`: the scheduler reads every request's of
+Each draft forward ends with one host read (`effects.read`: the scheduler reads every request's of
 a draft round in one transfer): every fed node's top-k (`top[node]`: probabilities and
 tokens, k = the strategy's `top_k`, at least the argmax) and each reviewed chain token's probability
 at its parent. Strategies rank, review and value children from these host copies (`prob(parent,
@@ -38,6 +49,27 @@ from .decode import DecodeState
 from .effects import Calls, read
 from .proposal import DRAFT, REVIEW, Proposal
 from .tree import TokenTree
+
+
+class DraftModel:
+    """The draft model, as the strategies that run it reach it (stateless: what a request's draft
+    holds lives in its DecodeState)."""
+
+    def open(self, st: DecodeState, capacity: int = 512, top_k: int = 1) -> Calls:
+        """A step's tree rooted at the last emitted token (a coroutine: `tree = yield from model.open(st)`)."""
+        return (yield from DraftTree.open(st, capacity, top_k))
+
+    def catch_up(self, st: DecodeState) -> Calls:
+        """Prefill what the draft lacks beyond its usual lag (after ar steps), as DraftTree.open does."""
+        yield from st.draft_catch_up()
+
+    def extend(self, st: DecodeState, tokens: list[int]) -> Calls:
+        """The draft's logits after `tokens`, appended to its scratch (one forward)."""
+        return (yield from st.draft.extend(tokens))
+
+    def forwards(self, st: DecodeState) -> int:
+        """The request's draft forwards so far."""
+        return st.draft.forwards
 
 
 class DraftTree:
