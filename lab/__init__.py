@@ -8,6 +8,6 @@ Run from a checkout of the repository, with the project's venv (`make install`):
 
 `lab/bench/<topic>/` holds the one-off scripts behind docs/benchmarks.md; their records stay in
 docs/bench/<topic>/. The lab may import trtspec; nothing in trtspec imports the lab
-(tests/test_layers.py). It observes the runtime through its hooks (runtime/hooks.py), never by
+(tests/unit/test_layers.py). It observes the runtime through its hooks (runtime/hooks.py), never by
 replacing a product function at run time.
 """

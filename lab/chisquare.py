@@ -1,5 +1,5 @@
 """The chi-square goodness of fit every sampling-exactness check uses (the tests' and the device
-check's): torch only, so it runs where scipy is not installed; tests/test_sampling_exact.py checks
+check's): torch only, so it runs where scipy is not installed; tests/integration/test_sampling_exact.py checks
 it against scipy.stats.chisquare."""
 from __future__ import annotations
 

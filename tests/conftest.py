@@ -1,5 +1,12 @@
 """Shared fixtures: seeded tiny random target/draft pairs wrapped as TorchEngines in Generators.
 
+The tests come in three tiers, a directory each: unit/ (one module at a time, no generation),
+integration/ (tiny pairs run through the runtime in this process, and golden/: the recorded runs),
+e2e/ (the build path: exported graphs and engine folders; the CLI, servers, Ray, the real packs, the
+wheel, llama.cpp). `make test-fast` runs the first two; `make test` all three. A test file may
+import another's helpers by its name (`from test_sampling_exact import fit`), whatever its tier:
+every tier is on sys.path.
+
 Everything here is built once per session: a tiny model costs ~1 ms per forward and ~1-2 s to
 build, so sharing the Generators (whose KV buffers are allocated once and reset per request) keeps
 the suite fast. Tests that need a private Generator (e.g. other stop ids) build one over the same
@@ -23,6 +30,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:          # run from anywhere without installing the package
     sys.path.insert(0, str(ROOT))
+TIERS = ("unit", "integration", "e2e")
+sys.path[1:1] = [str(ROOT / "tests" / t) for t in TIERS if str(ROOT / "tests" / t) not in sys.path]
 
 torch.set_num_threads(int(os.environ.get("TRTSPEC_TEST_THREADS", "1")))
 
@@ -40,7 +49,7 @@ FIRST = ("test_smollm2.py", "test_structured_smollm2.py", "test_serve_ray.py", "
 
 def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true",
-                     help="rewrite tests/golden/golden.json from this checkout's runs (a change made on purpose)")
+                     help="rewrite tests/integration/golden/golden.json from this checkout's runs (a change made on purpose)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -3,7 +3,7 @@
 Each target takes the fuzzer's bytes, writes them where the loader reads, and calls the loader. The
 contract under test: a malformed input ends in the project's one-line error (`TrtspecError`) naming
 the file, or loads. Anything else (another exception, a hang, memory that grows with a length field
-read from the file) is a crash. `python -m tests.fuzz.run TARGET` runs one under atheris; tests/test_fuzz.py
+read from the file) is a crash. `python -m tests.fuzz.run TARGET` runs one under atheris; tests/e2e/test_fuzz.py
 replays the seeds and every crash found so far, and runs each target briefly.
 
     gguf        the GGUF header parser and loader (export/gguf_loader.py)

@@ -1,7 +1,7 @@
 """Run one fuzz target under atheris (coverage-guided, libFuzzer), seeded with valid inputs.
 
     python tests/fuzz/run.py gguf --seconds 600          # a long local run
-    python tests/fuzz/run.py all --seconds 5             # what CI runs (tests/test_fuzz.py)
+    python tests/fuzz/run.py all --seconds 5             # what CI runs (tests/e2e/test_fuzz.py)
 
 Crashing inputs are written to tests/fuzz/crashes/TARGET/ (libFuzzer's artifact prefix), where the
 tests replay them forever after; fix the loader, keep the file. The last line printed is a JSON

@@ -10,7 +10,7 @@ from ..engines.manifest import EngineError, is_head, verify
 from ..export.head import load_head
 from ..export.model import Decoder
 from ..export.spec import DTYPES, ModelSpec
-from ..runtime.costs import COSTS_FILE
+from ..runtime.costs import COSTS_FILE, StoredCosts
 from ..runtime.engine import Engine
 from ..runtime.generator import Generator
 from .backends import BACKENDS, LoadOptions
@@ -156,9 +156,8 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
                     stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
                     buckets=cfg.step_buckets(), slots=slots, max_queue=max_queue, owns_engines=True,
-                    prefix_cache=prefix_cache, heads=heads)
-    gen.config = cfg
-    gen.backend, gen.costs_folder, gen.costs_key = backend, folder, costs_key(cfg, backend, threads)
+                    prefix_cache=prefix_cache, heads=heads, config=cfg, backend=backend,
+                    stored_costs=StoredCosts(folder, costs_key(cfg, backend, threads)))
     if uses_auto(cfg):
         gen.step_costs()         # stored, or measured now: not inside the first request's submit
     return gen

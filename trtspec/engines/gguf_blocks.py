@@ -17,7 +17,7 @@ and split after (`joined_matmul_nodes`): every output column is its own dot prod
 columns are the same bit for bit, from fewer, larger kernel calls.
 
 With a one-hot activation row this graph returns s * q + c rounded once, i.e. the GGUF's weight bit
-for bit (tests/test_gguf_blocks.py probes the kernels with an identity matrix; `python -m
+for bit (tests/e2e/test_gguf_blocks.py probes the kernels with an identity matrix; `python -m
 trtspec.engines.gguf_blocks GRAPH FILE.gguf` does it for a built graph, every tensor). Float zero
 points, MatMulNBits' own way to carry an offset, run 75x slower on this CPU (23 ms against 0.3 ms for
 a one-row 1536 x 8960 product), and 8-bit codes with fp32 activations take another slow path, hence
@@ -241,7 +241,7 @@ def joinable(a: Blocks, b: Blocks) -> bool:
 def join(parts: list[Blocks]) -> Blocks:
     """The weights stacked along N: one product computes them all. Every output column of
     MatMulNBits (and of the offsets' product) is its own dot product over K, so each column of the
-    joined product is the column of its own product, bit for bit (tests/test_gguf_blocks.py)."""
+    joined product is the column of its own product, bit for bit (tests/e2e/test_gguf_blocks.py)."""
     first = parts[0]
     offset = None if first.offset is None else np.concatenate([p.offset for p in parts])
     return Blocks(np.concatenate([p.codes for p in parts]), np.concatenate([p.scale for p in parts]), offset,

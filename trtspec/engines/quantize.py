@@ -88,7 +88,7 @@ def quantize_matmul(node, weight, bits: int, accuracy_level: int, columns: int =
     `weight` [K, N], or None where it keeps the MatMul. The quantizer runs on a graph of that node
     alone (a streaming build quantizes one weight at a time), over `columns` columns at a time: each
     column's blocks are quantized on their own and every output is column-major, so the slices'
-    outputs joined are the whole weight's, byte for byte (tests/test_stream.py)."""
+    outputs joined are the whole weight's, byte for byte (tests/e2e/test_stream.py)."""
     import numpy as np
     from onnx import numpy_helper
 

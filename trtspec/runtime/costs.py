@@ -348,6 +348,14 @@ def fits(costs: CostModel | None, key: dict) -> bool:
     return costs is not None and costs.meta.get("key") == key
 
 
+@dataclass(frozen=True)
+class StoredCosts:
+    """Where a run's step costs are kept (an engine folder: its costs.json) and what they must have
+    been measured for (`run_key`): a loaded Generator's, read or measured at its first auto request."""
+    folder: Path
+    key: dict
+
+
 def load_or_measure(folder: Path, target, draft, capacity: int, key: dict, buckets: dict | None = None,
                     log=None, heads: dict | None = None) -> CostModel:
     """The folder's stored costs if they describe this run (`key`), else measured now and stored."""

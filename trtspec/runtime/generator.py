@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import RequestError
 from .batch import Batcher
-from .costs import CostModel, load_or_measure, measure
+from .costs import CostModel, StoredCosts, load_or_measure, measure
 from .engine import Engine
 from .grammar import Grammars
 from .hooks import Hooks
@@ -47,7 +47,8 @@ class Generator:
                  strategy_options: dict[str, dict] | None = None, buckets: dict[str, list[int]] | None = None,
                  slots: int = 4, max_queue: int | None = None, costs: CostModel | None = None,
                  owns_engines: bool = False, prefix_cache: int | None = None, heads: dict | None = None,
-                 hooks: Hooks | None = None, batched_verify: bool | None = None):
+                 hooks: Hooks | None = None, batched_verify: bool | None = None,
+                 stored_costs: StoredCosts | None = None, config=None, backend: str = ""):
         self.tokenizer = tokenizer
         self.capacity = capacity
         self.stop_ids = set(stop_ids)
@@ -78,9 +79,11 @@ class Generator:
         self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue,
                                    hooks, batched_verify)
         # Step costs for budget: auto: given, else at the first such request the engine folder's
-        # (costs_folder, set by load_generator: stored, or measured and stored) or measured here.
-        self.costs, self.costs_folder, self.costs_key = costs, None, None
-        self.backend = ""
+        # (`stored_costs`, from load_generator: stored, or measured and stored) or measured here.
+        self.costs, self.stored_costs = costs, stored_costs
+        # What it was loaded from (load_generator: the folder's Config and backend), for the tools that
+        # report it (bench, serve); None and "" for a Generator made from engines.
+        self.config, self.backend = config, backend
         self._buckets = buckets
         self._costs_lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -91,9 +94,9 @@ class Generator:
     def step_costs(self) -> CostModel:
         """The step costs budget: auto plans with (load_generator gets them before serving)."""
         with self._costs_lock:
-            if self.costs is None and self.costs_folder is not None:
-                self.costs = load_or_measure(self.costs_folder, self.target_engine, self.draft_engine, self.capacity,
-                                             self.costs_key, self._buckets, heads=self.heads)
+            if self.costs is None and self.stored_costs is not None:
+                self.costs = load_or_measure(self.stored_costs.folder, self.target_engine, self.draft_engine,
+                                             self.capacity, self.stored_costs.key, self._buckets, heads=self.heads)
             elif self.costs is None:
                 self.costs = measure(self.target_engine, self.draft_engine, self.capacity, buckets=self._buckets,
                                      heads=self.heads)

@@ -1,7 +1,7 @@
 """Issue 42, drafters as parts: the 272 recorded tiny-pair runs before and after, compared.
 
-    python tests/golden/record.py trees before.json      (in the checkout before)
-    python tests/golden/record.py trees after.json
+    python tests/integration/golden/record.py trees before.json      (in the checkout before)
+    python tests/integration/golden/record.py trees after.json
     python lab/bench/drafters-as-parts/compare_records.py before.json after.json
 
 Two changes of form are undone before comparing: a recorded tree's `source` is now the drafters'

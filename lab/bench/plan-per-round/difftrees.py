@@ -1,4 +1,4 @@
-"""Which recorded runs changed between two record files (`python tests/golden/record.py trees OUT.json`):
+"""Which recorded runs changed between two record files (`python tests/integration/golden/record.py trees OUT.json`):
 per (strategy, sampling), the runs with the same tokens, the same step records and the same trees.
 
     python lab/bench/plan-per-round/difftrees.py before.json after.json

@@ -2,7 +2,7 @@
 --max-replicas 2 --target-ongoing-requests 1; 4 clients for 40 s, then 1 for 120 s; prints
 (seconds, phase, clients, replicas reporting, active slots) each second, and every answer is
 checked against the first. The folder: the tiny-random config with max_seq_len 4096, built with
-trtspec.assembly.build.build_engines to /tmp/tiny4k (as tests/test_serve.py's fixture does).
+trtspec.assembly.build.build_engines to /tmp/tiny4k (as tests/e2e/test_serve.py's fixture does).
 Run from the repository: python lab/bench/ray-serve/autoscale.py"""
 import json, signal, subprocess, sys, threading, time
 import httpx

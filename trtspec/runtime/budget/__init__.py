@@ -12,7 +12,7 @@ a proposer asks `plan(Round)` once per round of drafting (plan.py: how many of t
 candidates to take, whether the draft forward that would feed them pays, and the bars a node found
 later in the round must pass; with the tree's values and the step's draft forwards so far as facts).
 Proposers score candidates with the request's `Values` (values.py), which the budget calibrates;
-nothing outside this package reads anything else of a budget (tests/test_layers.py). The budget
+nothing outside this package reads anything else of a budget (tests/unit/test_layers.py). The budget
 only chooses which tree is verified; the shared step verifies it exactly, so every budget is
 lossless.
 """

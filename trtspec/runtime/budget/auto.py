@@ -137,7 +137,7 @@ class AutoBudget:
         """bars[a]: the least value v of one more node that `_take([v], width=1, a)` would add, for a = 0 ..
         `ahead`: in closed form, as the rate is (E + v S_j) / (D_k + V(n + j)) for the node and a chain
         of j - 1 guessed children (values v top1^i, S_j their sum / v) grown in k more draft forwards
-        (j <= k + 1), and it must beat the tree's rate now, E / (D_0 + V(n)). tests/test_budget.py
+        (j <= k + 1), and it must beat the tree's rate now, E / (D_0 + V(n)). tests/integration/test_budget.py
         checks it against `_take` itself."""
         r0 = self.costs.rate(self.expected, self.nodes, self.draft_s)
         now = self.draft_s + self.costs.verify_s(self.nodes)

@@ -20,7 +20,7 @@ from trtspec.tools.bench import (SUM_KEYS, Bench, BenchOptions, ceiling_speedup,
 from trtspec.runtime.prompts import Prompt, PromptError, encode
 from trtspec.tools.datasets import DatasetError, load_prompts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny-random.yaml"
 STRATEGIES = ["chain", "ngram", "staged"]
 PEERS = ["hf", "hf-assisted", "hf-lookup"]

@@ -27,7 +27,7 @@ from test_serve import folder  # noqa: F401 - `folder`: fixture (module-scoped h
 
 from trtspec.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-ray-test"
 STRATEGIES = ("ar", "chain", "staged")
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads processes from /proc")

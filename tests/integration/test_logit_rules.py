@@ -35,7 +35,7 @@ from trtspec.runtime.grammar import Grammar
 from trtspec.runtime.sampling import SamplingParams
 from trtspec.runtime.strategies import STRATEGIES, ChainSpeculative, Staged
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [[3, 17, 99, 250, 401, 7, 3, 17, 99, 250, 401, 7, 3, 17], [5, 5, 5, 5, 9], [42]]
 SETTINGS = settings(max_examples=6, deadline=None, database=None)
 

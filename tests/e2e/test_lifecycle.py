@@ -20,7 +20,7 @@ from trtspec.engines.manifest import EngineError, verify
 from trtspec.assembly.memory import fit, need
 from trtspec.errors import RequestError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
 QUIET = dict(log=lambda *a, **k: None)
 

@@ -121,6 +121,6 @@ def test_gguf_folder_takes_the_file_s_blocks_and_is_exact(engines):
 @pytest.mark.parametrize("backend", ["onnxruntime", "torch"])
 def test_run_exits_0_every_time_on_smollm2(engines, backend):
     """The real model's folders (ONNX Runtime sessions, a self-draft): `trtspec run` exits 0 on every
-    run, the answer streamed and the engines released before exit (tests/test_lifecycle.py: tiny ones)."""
+    run, the answer streamed and the engines released before exit (tests/e2e/test_lifecycle.py: tiny ones)."""
     from test_lifecycle import assert_clean_exits
     assert_clean_exits(engines[backend], 3, "--strategy", "staged:budget=6")

@@ -247,14 +247,19 @@ def exact_first_two(model, prompt: list[int], sp: SamplingParams) -> np.ndarray:
     return joint
 
 
-def sample_first(gen, prompt, strategy, sp: SamplingParams, n: int, seed0: int, ntok: int = 2) -> np.ndarray:
+def sample_first(gen, prompt, strategy, sp: SamplingParams, n: int, seed0: int, ntok: int = 2,
+                 together: int | None = None) -> np.ndarray:
     """Counts [V] * ntok of the first ntok tokens of n generations with seeds seed0, seed0 + 1, ...
-    (through stop tokens, a grammar's aside: a generation that ended at one would count in a whole row)."""
+    (through stop tokens, a grammar's aside: a generation that ended at one would count in a whole row),
+    submitted `together` at a time (default: twice the slots), so the scheduler batches them: a
+    request's draws are its own whatever shares its batch."""
     counts = np.zeros((gen.target_engine.spec.vocab_size,) * ntok, dtype=np.int64)
-    for i in range(n):
-        toks = gen.generate(prompt, strategy=strategy, max_new_tokens=ntok, sampling=sp, seed=seed0 + i,
-                            ignore_eos=sp.grammar is None).token_ids
-        counts[tuple(toks)] += 1
+    window = together or 2 * len(gen.slots)
+    for start in range(0, n, window):
+        handles = [gen.submit(prompt, strategy=strategy, max_new_tokens=ntok, sampling=sp, seed=seed0 + i,
+                              ignore_eos=sp.grammar is None) for i in range(start, min(n, start + window))]
+        for h in handles:
+            counts[tuple(h.result().token_ids)] += 1
     return counts
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "trtspec"
+PKG = Path(__file__).resolve().parents[2] / "trtspec"
 LAB = PKG.parent / "lab"                 # measurement instruments: may import trtspec, never imported by it
 
 # Bottom to top: a module may import its own layer and the layers below it, never one above.

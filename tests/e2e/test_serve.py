@@ -32,7 +32,7 @@ from trtspec.cli import main
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.text import TextStream
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "tiny-random"
 LONG = 4000
 PROMPTS = ["def fib(n):", "x = 1\ny = 2\n", "import numpy as np\n", "class A:\n    def f(self):"]

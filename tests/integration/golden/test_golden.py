@@ -3,7 +3,7 @@ a tree, an accepted path or a budget record in any of the 432 runs fails here, n
 
 A change that is meant (a new budget rule, a new drafter in a strategy) is recorded on purpose:
 
-    .venv/bin/python -m pytest tests/golden --update-golden
+    .venv/bin/python -m pytest tests/integration/golden --update-golden
 
 and the commit says which runs changed and why.
 """
@@ -27,7 +27,7 @@ def test_runs_equal_golden(name, request):
         golden[name] = runs
         GOLDEN.write_text(json.dumps(golden, indent=1, sort_keys=True) + "\n")
         return
-    assert name in golden, f"no golden digests for {name!r}: run pytest tests/golden --update-golden"
+    assert name in golden, f"no golden digests for {name!r}: run pytest tests/integration/golden --update-golden"
     changed = sorted(k for k in runs.keys() | golden[name].keys() if runs.get(k) != golden[name].get(k))
     assert not changed, f"{len(changed)} of {len(runs)} {name} runs changed: {changed[:20]}"
 

@@ -30,7 +30,7 @@ from trtspec.runtime.proposal import Proposal
 from trtspec.runtime.strategies import STRATEGIES, make_strategy
 from trtspec.runtime.tree import TokenTree
 
-TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny-random.yaml"
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny-random.yaml"
 
 CPU, GPU = CPU_LIKE, GPU_LIKE
 # the int4 target measured here: a 2-token verify costs 2.4x a 1-token one (M > 1 leaves the int4
@@ -555,10 +555,11 @@ def test_costs_stored_listed_and_not_hashed(tiny_folder):
     assert sorted(costs.rows["target"]) == sorted(costs.rows["draft"]) == [2, 4, 8]       # batched forwards
     assert all(b * max(t.tokens) <= 64 and min(min(r) for r in t.seconds) > 0 for b, t in costs.rows["target"].items())
     gen = load_generator(tiny_folder)
-    assert fits(costs, gen.costs_key) and gen.costs_key["backend"] == "torch" and gen.costs_key["draft"]
+    key = gen.stored_costs.key
+    assert fits(costs, key) and key["backend"] == "torch" and key["draft"]
     assert gen.costs is None                      # tiny-random's strategies (chain k 4, ngram) have no auto
     assert gen.step_costs().meta["measured"] == costs.meta["measured"]         # read, not measured again
-    assert not fits(costs, {**gen.costs_key, "threads": 7})
+    assert not fits(costs, {**key, "threads": 7})
     gen.close()
     verify(tiny_folder)
     out = CliRunner().invoke(main, ["inspect", "--engines", str(tiny_folder)])

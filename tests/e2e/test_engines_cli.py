@@ -17,7 +17,7 @@ from trtspec.assembly.build import build_engines
 from trtspec.assembly.load import load_generator
 from trtspec.engines.manifest import EngineError, verify
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny-random.yaml"
 
 

@@ -4,7 +4,7 @@ checkouts that choose the same trees record the same runs on any machine:
 
 - `trees`: 17 strategy configurations x 2 tiny pairs x 2 prompts x greedy and T = 0.8 x GPU-like and
   CPU-like costs (272 runs);
-- `grammar`: the 5 grammars of tests/test_logit_rules.py x every registered strategy x greedy and
+- `grammar`: the 5 grammars of tests/integration/test_logit_rules.py x every registered strategy x greedy and
   T = 0.8 x both cost tables, on the tiny tokenizer (160 runs; forbidden nodes pruned, forced tokens
   added).
 
@@ -22,7 +22,8 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # tests/, when run as a script
+TESTS = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(TESTS), str(TESTS / "integration")]             # conftest and its neighbours, run as a script
 from conftest import CPU_LIKE, GPU_LIKE, SMALL_NOISE, SMALL_VOCAB, make_pair  # noqa: E402
 
 from trtspec.runtime.drafters import suffix

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-FUZZ = Path(__file__).resolve().parent / "fuzz"
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
 sys.path.insert(0, str(FUZZ))
 import harnesses  # noqa: E402
 

@@ -244,7 +244,7 @@ def test_memory_tool_stays_under_the_cap():
     from transformers import AutoTokenizer
 
     from lab.suffix_memory import measure
-    tok = AutoTokenizer.from_pretrained(str(Path(__file__).parents[1] / "trtspec" / "assets" / "tiny-tokenizer"))
+    tok = AutoTokenizer.from_pretrained(str(Path(__file__).parents[2] / "trtspec" / "assets" / "tiny-tokenizer"))
     rows = measure(tok, n=300, cap=5000, depth=16, fresh=5, every=100)
     assert [r["requests"] for r in rows] == [100, 200, 300]
     assert all(r["most_nodes"] <= 5000 and 0 < r["held_requests"] < r["requests"] for r in rows[1:])

@@ -26,7 +26,7 @@ from hypothesis import strategies as hst
 from conftest import SMALL_VOCAB
 from trtspec.runtime.strategies import GSD, Cascade, DySpec, NGramSpeculative, Staged, SuffixSpeculative
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARCHS = ["llama", "qwen2", "mistral", "small"]
 ALPHABETS = {"llama": [3, 17, 99, 250, 401, 7], "qwen2": [3, 17, 99, 250, 401, 7],
              "mistral": [3, 17, 99, 250, 401, 7], "small": [1, 3, 5, 7, 2, 11]}
