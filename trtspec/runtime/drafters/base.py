@@ -19,10 +19,11 @@ request's Values and budget, and hands the tree to the shared step. A drafter on
 What every drafter declares: its `name` (the registry's, and its nodes' tag), whether it is
 `scored`, whether it `reads_hidden` (the target's hidden rows) and the kind of head role it asks
 (`reads_head`). The draft model is not a drafter: it is a part of its own (draft_model.py), which a
-strategy that runs it holds as `model`, beside its drafters. A strategy takes a list of drafters (`drafter: [suffix, ngram]`), as llama.cpp chains its
-speculators: a chain is the first drafter's that is not empty (`first_chain`), and the scored
-drafters' candidates join one tree, a path two of them propose joining once, as the better's
-(`merged`); each node keeps the tag of the drafter that proposed it.
+strategy that runs it holds as `model`, beside its drafters. A strategy takes a list of drafters
+(`drafter: [suffix, ngram]`), as llama.cpp chains its speculators: a chain is the first drafter's
+that is not empty (`first_chain`), and the scored drafters' candidates join one tree, a path two of
+them propose joining once, as the better's (`merged`); each node keeps the tag of the drafter that
+proposed it.
 
 Per-request state lives in the request's DecodeState (`st.strategy_state`, under the drafter's
 name), never on the drafter, which a strategy shares between requests. Every node a drafter
