@@ -2,8 +2,9 @@
 with them returns, for its logit rows, the rows its LM head reads, so a head that applies the target's
 own LM head to them gets the target's logits and argmax; the streamed build's graph equals the
 in-memory export's; a graph without them is unchanged; the ONNX Runtime and torch engines hand each
-call of a batch its rows (`Call.hidden`, the runner's `hidden`); and a drafter registered from this
-file reads each request's rows (`DecodeState.hidden`), its LM head naming the root at every step; a build
+call of a batch its rows (`Call.hidden`, the runner's `run(..., hidden=True)`); and a drafter
+registered from this file reads each request's rows (`DecodeState.hidden`), its LM head naming the
+root at every step; a build
 asks for them with `target.hidden_rows: true` (a step contract v4 folder, on ONNX Runtime and torch),
 and a strategy whose drafter reads them is refused, in one line, where the target has none."""
 from __future__ import annotations
@@ -90,8 +91,7 @@ def test_without_hidden_rows_the_graph_is_unchanged(llama):
     engine = OrtEngine(plain, spec)
     assert not engine.hidden_rows
     runner = ModelRunner.alone(engine, capacity=64)
-    drive(runner.extend([1, 2, 3]))
-    assert runner.hidden is None
+    assert drive(runner.extend([1, 2, 3], hidden=True))[1] is None
     engine.close()
 
 
@@ -106,13 +106,13 @@ def test_the_engines_hand_each_call_its_hidden_rows(llama):
         alone, ref = [], []
         for prompt in ([5, 6, 7, 8], [9, 10]):
             runner, other = ModelRunner.alone(engine, capacity=64), ModelRunner.alone(plain, capacity=64)
-            logits = drive(runner.extend(prompt, last_only=False))
+            logits, rows = drive(runner.extend(prompt, last_only=False, hidden=True))
             ref.append(drive(other.extend(prompt, last_only=False)))
-            assert runner.hidden.shape == (len(prompt), spec.hidden_size)
-            torch.testing.assert_close(runner.hidden @ head.T, logits, rtol=1e-4, atol=1e-4)
+            assert rows.shape == (len(prompt), spec.hidden_size)
+            torch.testing.assert_close(rows @ head.T, logits, rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(logits, ref[-1], rtol=1e-4, atol=1e-4)   # the same step as without them
             assert (logits.argmax(-1) == ref[-1].argmax(-1)).all()
-            alone.append(runner.hidden)
+            alone.append(rows)
         batcher = Batcher(engine, max_batch=2, capacity=64)
         pool = engine.new_pool(2, 64 + batcher.headroom)
         calls = [Call(batcher, pool.caches[i], torch.tensor(p), torch.arange(len(p)),
@@ -237,8 +237,9 @@ def test_a_quantized_exact_target_keeps_its_logits_with_hidden_rows(tmp_path, ll
     got = []
     for engine in engines:
         runner = ModelRunner.alone(engine, capacity=64)
-        got.append(drive(runner.extend([5, 6, 7, 8, 9], last_only=False)))
-        assert (runner.hidden is None) == (engine is engines[0])
+        logits, rows = drive(runner.extend([5, 6, 7, 8, 9], last_only=False, hidden=True))
+        got.append(logits)
+        assert (rows is None) == (engine is engines[0])
         engine.close()
     assert torch.equal(got[0], got[1])
 

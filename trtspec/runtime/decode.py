@@ -42,8 +42,6 @@ class DecodeState:
     steps: list[StepStats] = field(default_factory=list)
     record_trees: bool = False           # keep each step's tree + accepted path (for --show-tree)
     budget: Budget = field(default_factory=FixedBudget)
-    # how proposers score nodes (budget/values.py; calibrated by an auto budget, which shares it)
-    values: Values = field(default_factory=lambda: Values(calibrated=False))
     strategy_state: dict = field(default_factory=dict)   # what a strategy keeps for this request (by name)
     prompt_len: int = 0                  # seq[:prompt_len] is the prompt (penalties, min_tokens count the rest)
     stop_ids: frozenset[int] = frozenset()
@@ -55,6 +53,11 @@ class DecodeState:
     # logits chose the root: what a drafting head reads. None otherwise.
     hidden: torch.Tensor | None = None
     heads: dict = field(default_factory=dict)   # the generator's head roles, by kind (shared: read only)
+
+    @property
+    def values(self) -> Values:
+        """How proposers score nodes (budget/values.py): the budget's, which calibrates them."""
+        return self.budget.values
 
     @property
     def root(self) -> int:

@@ -77,7 +77,7 @@ class Generator:
         self.stores = {role: PrefixStore(pool, rows) for role, pool in pools.items()} if rows >= BLOCK else {}
         self.grammars = Grammars(tokenizer, vocab, self.stop_ids)     # compiles requests' grammars (structured outputs)
         self.scheduler = Scheduler(self.slots, self.batchers["target"], self.batchers.get("draft"), max_queue,
-                                   hooks, batched_verify)
+                                   hooks, batched_verify, costs=self.step_costs, stores=self.stores)
         # Step costs for budget: auto: given, else at the first such request the engine folder's
         # (`stored_costs`, from load_generator: stored, or measured and stored) or measured here.
         self.costs, self.stored_costs = costs, stored_costs
@@ -142,10 +142,10 @@ class Generator:
                 raise RequestError("a grammar ends the output with a stop token: it cannot be combined with ignore_eos")
             grammar = self.grammars.start(sampling.grammar)
         stops = frozenset(stop_token_ids) | (frozenset() if ignore_eos else frozenset(self.stop_ids))
-        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed, stops,
-                      record_trees, None if timeout is None else time.monotonic() + timeout,
-                      self.step_costs() if strat.auto_nodes() is not None else None, self.scheduler.batch,
-                      grammar=grammar, stores=self.stores, leader=leader)
+        if strat.auto_nodes() is not None:
+            self.step_costs()            # stored, or measured now: in the caller's thread, not the scheduler's
+        req = Request(list(prompt_ids), strat, max_new_tokens, sampling, seed, stops, record_trees,
+                      None if timeout is None else time.monotonic() + timeout, grammar=grammar, leader=leader)
         self.scheduler.submit(req)
         return req
 

@@ -1,9 +1,12 @@
-"""A request and its handle: everything one generation owns, and how its caller follows it.
+"""A request, its run and its handle: everything one generation owns, and how its caller follows it.
 
-`Request` is the per-request state: its slot (KV rows of the target and draft, token buffer), its
-strategy, sampling settings and RNG, the tokens it emitted and its result. Nothing of it lives on a
-shared object. Its `lifecycle` is one coroutine of model calls (prefill, then strategy steps until
-a stop token or `max_new_tokens`), advanced by the scheduler.
+`Request` is what was asked, request data only: the prompt, strategy, sampling settings and seed,
+stops, deadline, grammar, the choice it leads or follows. `Run` is the same request while it runs,
+made by the scheduler when a slot takes it: its slot (KV rows of the target and draft, token
+buffer), the generator's collaborators it needs (step costs, the batch view, the prefix stores),
+its coroutine and the call it waits on, its DecodeState (RNG, budget), the tokens it emitted and its
+result. Nothing of either lives on a shared object. `Run.lifecycle` is one coroutine of model calls
+(prefill, then strategy steps until a stop token or `max_new_tokens`), advanced by the scheduler.
 
 `Handle` is what `Generator.submit` returns, safe to use from any thread: iterate it (or `async for`,
 in one event loop) for the tokens of each step, `cancel()` it, or wait for `result()`. Leaving a
@@ -152,6 +155,7 @@ class Handle:
 
 @dataclass
 class Request:
+    """What was asked: request data only (and the handle its caller follows it by)."""
     prompt: list[int]
     strategy: Strategy
     max_new_tokens: int
@@ -160,14 +164,31 @@ class Request:
     stop_ids: frozenset[int]
     record_trees: bool = False
     deadline: float | None = None        # time.monotonic() after which the request is ended
-    costs: CostModel | None = None       # the generator's step costs (budget: auto)
-    batch: BatchView | None = None       # the scheduler's view of the last target phase (budget: auto)
     grammar: GrammarState | None = None  # its own matcher, when sampling.grammar is set
-    stores: dict | None = None           # role -> PrefixStore: prompt rows kept across requests (prefix caching)
     leader: Request | None = None        # for choices 2..n of one request: the choice whose prompt rows it copies
     id: int = field(default_factory=lambda: next(_ids))
     handle: Handle = field(init=False)
-    slot: Slot | None = None
+
+    def __post_init__(self) -> None:
+        self.handle = Handle(self.id)
+
+    def unstarted(self, finish: str) -> GenerationResult:
+        """The result of a request that ended before it started (cancelled or expired while waiting)."""
+        return GenerationResult([], {**stats([], [], 0.0, 0.0), "cached_prompt_tokens": 0}, [], finish,
+                                [] if self.sampling.logprobs is not None else None)
+
+
+@dataclass
+class Run:
+    """A request while it runs: its slot, its coroutine and the call it waits on, what it emitted, its
+    DecodeState, timings. The scheduler makes one when the request starts and drops it when it ends;
+    the generator's collaborators (step costs, the batch view, the prefix stores) come with it."""
+    request: Request
+    slot: Slot
+    costs: CostModel | None = None       # the generator's step costs (budget: auto)
+    batch: BatchView | None = None       # the scheduler's view of the last target phase (budget: auto)
+    stores: dict | None = None           # role -> PrefixStore: prompt rows kept across requests (prefix caching)
+    leader: Run | None = None            # the leader's run, if it ran (its slot holds the prompt rows to copy)
     coro: Calls | None = None
     call: Call | None = None             # the model call it waits on
     out: list[int] = field(default_factory=list)
@@ -178,62 +199,67 @@ class Request:
     prefilled: bool = False              # its prompt rows are in its slot (choices waiting on it may start)
     cached_tokens: int = 0               # prompt tokens not prefilled: loaded from the prefix store or the leader
 
-    def __post_init__(self) -> None:
-        self.handle = Handle(self.id)
+    @property
+    def id(self) -> int:
+        return self.request.id
+
+    @property
+    def handle(self) -> Handle:
+        return self.request.handle
+
+    @property
+    def deadline(self) -> float | None:
+        return self.request.deadline
 
     def lifecycle(self) -> Calls:
         """Prefill, then strategy steps until a stop token or max_new_tokens (runs in its slot)."""
-        slot, strat = self.slot, self.strategy
+        req, slot = self.request, self.slot
+        strat = req.strategy
         slot.reset()
-        budget, values = make_budget(strat.auto_nodes(), self.costs, self.batch, self.id, self.max_new_tokens,
-                                     strat.reads_heads)
-        rng = torch.Generator(slot.target.engine.device).manual_seed(self.seed)    # where verification runs
-        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, self.sampling, rng, slot.seq, 0,
-                         record_trees=self.record_trees, budget=budget, values=values, prompt_len=len(self.prompt),
-                         stop_ids=self.stop_ids, grammar=self.grammar, heads=slot.heads)
+        budget = make_budget(strat.auto_nodes(), self.costs, self.batch, req.id, req.max_new_tokens,
+                             strat.reads_heads)
+        rng = torch.Generator(slot.target.engine.device).manual_seed(req.seed)    # where verification runs
+        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, req.sampling, rng, slot.seq, 0,
+                         record_trees=req.record_trees, budget=budget, prompt_len=len(req.prompt),
+                         stop_ids=req.stop_ids, grammar=req.grammar, heads=slot.heads)
         self.state = st
-        st.append(list(self.prompt))
+        st.append(list(req.prompt))
         self.t0 = time.perf_counter()
         # Invariant: the target cache holds seq[:-1]; the last token is the root of the next tree. The
         # draft cache may lag (catching up when a tree opens): under budget auto it is prefilled only
         # at the request's first drafted step, so a request that never drafts (a full batch) never
         # pays for it.
-        yield from self.prefill(st.target, "target")
-        st.hidden = st.target.hidden                 # the prompt's last prefilled row (hidden rows only)
+        st.hidden = yield from self.prefill(st.target, "target")   # the prompt's last prefilled row (hidden rows)
         if st.draft is not None and not budget.adaptive:
             yield from self.prefill(st.draft, "draft")
         st.draft_store = (self.stores or {}).get("draft") if st.draft is not None else None
         self.prefilled = True
         self.prefill_s = time.perf_counter() - self.t0
         finish = "length"
-        while len(self.out) < self.max_new_tokens:
-            emitted = (yield from step(st, strat))[: self.max_new_tokens - len(self.out)]
-            stop_at = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
+        while len(self.out) < req.max_new_tokens:
+            emitted = (yield from step(st, strat))[: req.max_new_tokens - len(self.out)]
+            stop_at = next((i for i, t in enumerate(emitted) if t in req.stop_ids), None)
             if stop_at is not None:
                 emitted = emitted[: stop_at + 1]
             st.append(emitted)
             if st.grammar is not None:
                 st.grammar.consume(emitted)
             self.out += emitted
-            logprobs = st.step_logprobs[:len(emitted)] if self.sampling.logprobs is not None else None
+            logprobs = st.step_logprobs[:len(emitted)] if req.sampling.logprobs is not None else None
             self.out_logprobs += logprobs or []
-            self.handle._tokens(Emitted(emitted, logprobs))
+            req.handle._tokens(Emitted(emitted, logprobs))
             if stop_at is not None:
                 finish = "stop"
                 break
-        strat.finished(st, self.prompt, self.out)
+        strat.finished(st, req.prompt, self.out)
         return self.result(finish)
-
-    def ready(self) -> bool:
-        """Whether the scheduler may start it: a choice waits until its leader's prompt rows are in
-        the leader's slot (or the leader ended without them: then it prefills on its own)."""
-        return self.leader is None or self.leader.prefilled or self.leader.handle.done
 
     def prefill(self, runner: ModelRunner, role: str) -> Calls:
         """Commit the prompt but its last token: copied from the leader's slot (a choice of the same
         request), else the prefix store's longest stored prefix and a prefill of the rest; the prompt's
-        full blocks are then stored for later requests."""
-        prompt = list(self.prompt[:-1])
+        full blocks are then stored for later requests. Returns the hidden row of the last token it
+        prefilled (None: the target has none, or nothing was prefilled)."""
+        prompt = list(self.request.prompt[:-1])
         source = self.leader.slot if self.leader is not None and self.leader.slot is not None else None
         source = getattr(source, role, None)
         store = (self.stores or {}).get(role)
@@ -244,14 +270,15 @@ class Request:
             done = store.reuse(prompt, runner.cache) if store is not None else 0
         if role == "target":
             self.cached_tokens = done
-        yield from runner.prefill(prompt[done:])
+        rows = yield from runner.prefill(prompt[done:])
         if store is not None:
             store.keep(prompt, runner.cache)
+        return rows
 
     def result(self, finish: str) -> GenerationResult:
         steps = self.state.steps if self.state is not None else []
         seconds = time.perf_counter() - self.t0 if self.t0 else 0.0
-        logprobs = list(self.out_logprobs) if self.sampling.logprobs is not None else None
+        logprobs = list(self.out_logprobs) if self.request.sampling.logprobs is not None else None
         out = stats(self.out, steps, seconds, self.prefill_s)
         out["cached_prompt_tokens"] = self.cached_tokens
         return GenerationResult(list(self.out), out, steps, finish, logprobs)

@@ -27,7 +27,6 @@ class ModelRunner:
         self.engine = batcher.engine
         self.cache = cache
         self.forwards = 0
-        self.hidden: torch.Tensor | None = None   # the last call's hidden rows [R, hidden] (engines with them)
         self._iota = torch.arange(MAX_STEP_TOKENS, dtype=torch.int64)   # logit-row indices, reused
         # A draft whose embedding table is smaller or larger than the target's (Qwen2.5-0.5B has
         # 151,936 rows, Qwen2.5-7B 152,064) answers in the target's vocabulary: logits are cut to
@@ -46,15 +45,16 @@ class ModelRunner:
         return cls(batcher, engine.new_pool(1, capacity + batcher.headroom).caches[0])
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor, new_mask: torch.Tensor,
-            logit_rows: torch.Tensor | None = None, phase: str = "step") -> Calls:
-        """tokens/positions [T]; new_mask [T, scratch+T] bool. Returns logits for `logit_rows` (default: all)."""
+            logit_rows: torch.Tensor | None = None, phase: str = "step", hidden: bool = False) -> Calls:
+        """tokens/positions [T]; new_mask [T, scratch+T] bool. Returns logits for `logit_rows` (default:
+        all); with `hidden`, (logits, the rows its LM head read: None with an engine without them).
+        The runner keeps neither: what a request keeps of them is its DecodeState's (`hidden`)."""
         if self.max_id is not None:
             tokens = tokens.clamp(max=self.max_id)
         self.forwards += 1
         call = Call(self.batcher, self.cache, tokens, positions, new_mask, logit_rows, phase)
-        logits = yield call
-        self.hidden = call.hidden                   # the rows its LM head read, with an engine that has them
-        return self._fit_vocab(logits.float())      # where the engine left them: no host copy
+        logits = self._fit_vocab((yield call).float())     # where the engine left them: no host copy
+        return (logits, call.hidden) if hidden else logits
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab is None:
@@ -63,8 +63,9 @@ class ModelRunner:
             return logits[:, : self.vocab]
         return torch.nn.functional.pad(logits, (0, self.vocab - logits.shape[-1]), value=float("-inf"))
 
-    def extend(self, tokens: list[int], last_only: bool = True, phase: str = "step") -> Calls:
-        """Append a causal chunk after everything in the cache (committed + scratch, e.g. a chain)."""
+    def extend(self, tokens: list[int], last_only: bool = True, phase: str = "step", hidden: bool = False) -> Calls:
+        """Append a causal chunk after everything in the cache (committed + scratch, e.g. a chain);
+        `hidden`: as `run`."""
         t = len(tokens)
         c = self.cache
         ids = torch.tensor(tokens, dtype=torch.int64)
@@ -72,27 +73,29 @@ class ModelRunner:
         new_mask = torch.ones(t, c.scratch + t, dtype=torch.bool)
         new_mask[:, c.scratch:] = torch.ones(t, t, dtype=torch.bool).tril_()
         rows = self._iota[t - 1:t] if last_only else None
-        return (yield from self.run(ids, pos, new_mask, rows, phase))
+        return (yield from self.run(ids, pos, new_mask, rows, phase, hidden))
 
     def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> Calls:
         """Commit `tokens` in chunks that end at multiples of `chunk` in the sequence: a row is computed
         by the same call whatever came before it in the cache (a stored prefix, or a cold prefill), so
-        prefix caching is exact by construction (prefix_cache.py)."""
-        i = 0
+        prefix caching is exact by construction (prefix_cache.py). Returns the last row's hidden row
+        (with an engine that has them; else, or with nothing to prefill, None)."""
+        i, rows = 0, None
         while i < len(tokens):
             part = tokens[i:i + chunk - self.cache.length % chunk]
-            yield from self.extend(part, last_only=True, phase="prefill")
+            _, rows = yield from self.extend(part, last_only=True, phase="prefill", hidden=True)
             self.cache.commit(range(len(part)))
             i += len(part)
+        return rows
 
-    def verify(self, tree: TokenTree) -> Calls:
-        """One forward over a whole tree placed after the committed prefix; logits for every node."""
+    def verify(self, tree: TokenTree, hidden: bool = False) -> Calls:
+        """One forward over a whole tree placed after the committed prefix; logits for every node
+        (`hidden`: as `run`)."""
         c = self.cache
         assert c.scratch == 0, "verify expects no uncommitted rows"
         tree = tree.to(self.engine.device)
-        return (yield from self.run(tree.tokens, c.length + tree.depth, tree.ancestors))
+        return (yield from self.run(tree.tokens, c.length + tree.depth, tree.ancestors, hidden=hidden))
 
     def reset(self) -> None:
         self.cache.reset()
         self.forwards = 0
-        self.hidden = None

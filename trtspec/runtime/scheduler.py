@@ -21,13 +21,15 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 from ..errors import RequestError
 from .batch import Batcher
 from .budget import BatchView
+from .costs import CostModel
 from .effects import EFFECTS, resolve
 from .hooks import NONE, Hooks
-from .request import Request, Slot
+from .request import Request, Run, Slot
 
 LINGER = 0.05          # seconds an idle scheduler thread waits for the next request before it ends
 _running: "weakref.WeakSet[Scheduler]" = weakref.WeakSet()
@@ -56,15 +58,19 @@ class QueueFull(RequestError):
 
 class Scheduler:
     def __init__(self, slots: list[Slot], target: Batcher, draft: Batcher | None = None,
-                 max_queue: int | None = None, hooks: Hooks | None = None, batched: bool | None = None):
+                 max_queue: int | None = None, hooks: Hooks | None = None, batched: bool | None = None,
+                 costs: Callable[[], CostModel] | None = None, stores: dict | None = None):
         self.slots = slots
+        self.costs = costs                     # the generator's step costs, for a run with budget: auto
+        self.stores = stores                   # role -> PrefixStore (prefix caching), handed to each run
         self.hooks = hooks or NONE             # told of iterations, phases and the requests it resumes (hooks.py)
         self.batched = batched                 # verify.choose_together's mode (None: by the device)
         self.target, self.draft = target, draft
         self.max_queue = max_queue
         self.free: list[Slot] = list(reversed(slots))
         self.waiting: deque[Request] = deque()
-        self.active: list[Request] = []
+        self.active: list[Run] = []            # the running requests, in the order they started
+        self.runs: dict[int, Run] = {}         # the same, by request id (a choice finds its leader's)
         self.iterations = 0
         self.batch = BatchView()      # the last target phase in total, for budget: auto (budget/)
         self._cv = threading.Condition()
@@ -144,15 +150,18 @@ class Scheduler:
                 break
             if req.handle.cancelled:
                 self.waiting.remove(req)
-                req.handle._finish(req.result("cancelled"))
+                req.handle._finish(req.unstarted("cancelled"))
                 continue
-            if not req.ready():
+            leader = self.runs.get(req.leader.id) if req.leader is not None else None
+            if req.leader is not None and not (req.leader.handle.done or (leader and leader.prefilled)):
                 continue
             self.waiting.remove(req)
-            req.slot = self.free.pop()
-            req.coro = req.lifecycle()
-            self.active.append(req)
-            self._advance(req, None)
+            auto = req.strategy.auto_nodes() is not None and self.costs is not None
+            run = Run(req, self.free.pop(), self.costs() if auto else None, self.batch, self.stores, leader)
+            run.coro = run.lifecycle()
+            self.active.append(run)
+            self.runs[run.id] = run
+            self._advance(run, None)
 
     def iteration(self) -> None:
         """One round: every active request's draft calls, then one target phase."""
@@ -236,7 +245,7 @@ class Scheduler:
             if x is not None:
                 self._advance(req, x)
 
-    def _advance(self, req: Request, logits) -> None:
+    def _advance(self, req: Run, logits) -> None:
         """Send a request its call's logits or its read's values (None: start it); it runs to its
         next call, its next read or its end."""
         self.hooks.resume(req)
@@ -258,17 +267,18 @@ class Scheduler:
             for req in gone:
                 self.waiting.remove(req)
         for req in gone:
-            req.handle._finish(req.result("cancelled" if req.handle.cancelled else "deadline"))
+            req.handle._finish(req.unstarted("cancelled" if req.handle.cancelled else "deadline"))
         for req in list(self.active):
             if req.handle.cancelled:
                 self._end(req, result=req.result("cancelled"))
             elif req.deadline is not None and now > req.deadline:
                 self._end(req, result=req.result("deadline"))
 
-    def _end(self, req: Request, result=None, error: BaseException | None = None) -> None:
+    def _end(self, req: Run, result=None, error: BaseException | None = None) -> None:
         if req not in self.active:
             return
         self.active.remove(req)
+        del self.runs[req.id]
         self.batch.forget(req.id)
         if req.coro is not None:
             req.coro.close()

@@ -62,14 +62,14 @@ def _verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float) -> C
         proposal, masks = st.grammar.fit(proposal)
         proposal, masks = FORCED.grow(st, proposal, masks, st.target.batcher.max_step - len(proposal.tree))
     tree = proposal.tree.to(st.target.engine.device)
-    raw = yield from st.target.verify(tree)
+    raw, hidden = yield from st.target.verify(tree, hidden=True)
     logits = shape(st, tree, raw, masks)
     scores, gen = (logits, None) if st.sampling.greedy else (probs_from_logits(logits, st.sampling), st.gen)
     last, nxt = yield from check(tree, scores, gen)             # chosen and read with the phase's others
     path = tree.path(last)
     st.target.cache.commit(path)
-    if st.target.hidden is not None:                 # a target with hidden rows: the accepted path's
-        st.hidden = st.target.hidden[torch.from_numpy(path)]
+    if hidden is not None:                           # a target with hidden rows: the accepted path's
+        st.hidden = hidden[torch.from_numpy(path)]
     if proposal.draft_rows is not None:
         st.draft.cache.commit(proposal.draft_commit(path))
     emitted = tree.host_tokens[path[1:]].tolist() + [nxt]

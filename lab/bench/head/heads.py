@@ -54,9 +54,9 @@ def collect(folder: str, out: str, tokens: int) -> None:
         hidden, greedy = [], []
         for i in range(0, len(ids), CHUNK):
             part = ids[i:i + CHUNK]
-            logits = drive(runner.extend(part, last_only=False))
+            logits, rows = drive(runner.extend(part, last_only=False, hidden=True))
             runner.cache.commit(range(len(part)))
-            hidden.append(runner.hidden.to(torch.float16).clone())
+            hidden.append(rows.to(torch.float16).clone())
             greedy.append(logits.argmax(-1).clone())
         docs.append({"file": str(f), "ids": torch.tensor(ids), "hidden": torch.cat(hidden),
                      "greedy": torch.cat(greedy)})

@@ -11,8 +11,8 @@ Both answer the same questions (`Budget`): the shared step begins a step and obs
 a proposer asks `plan(Round)` once per round of drafting (plan.py: how many of these scored
 candidates to take, whether the draft forward that would feed them pays, and the bars a node found
 later in the round must pass; with the tree's values and the step's draft forwards so far as facts).
-Proposers score candidates with the request's `Values` (values.py), which the budget calibrates;
-nothing outside this package reads anything else of a budget (tests/unit/test_layers.py). The budget
+Proposers score candidates with the request's `Values` (values.py), which its budget owns
+(`budget.values`, read as `state.values`) and calibrates; nothing outside this package reads anything else of a budget (tests/unit/test_layers.py). The budget
 only chooses which tree is verified; the shared step verifies it exactly, so every budget is
 lossless.
 """
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 class Budget(Protocol):
     adaptive: bool           # True: sized from costs (its draft is prefilled lazily, at the first drafted step)
+    values: Values           # how the request's proposers score candidates (calibrated by an adaptive one)
 
     def begin(self, cached: int, behind: int = 0) -> bool: ...   # draft this step? (False: a plain ar step)
     def plan(self, r: Round) -> Plan: ...                       # what to take, whether to feed, the bars
@@ -45,6 +46,9 @@ class Budget(Protocol):
 class FixedBudget:
     """The strategy's fixed numbers bound the tree: every node and every draft forward is worth it."""
     adaptive = False
+
+    def __init__(self) -> None:
+        self.values = Values(calibrated=False)       # a node's value: its cumulative draft probability
 
     def begin(self, cached: int, behind: int = 0) -> bool:
         return True
@@ -62,15 +66,13 @@ class FixedBudget:
 
 
 def make_budget(auto_nodes: int | None, costs: CostModel | None, batch: BatchView | None = None,
-                request: int = 0, left: int | None = None, heads=()) -> tuple[Budget, Values]:
-    """A request's budget and the Values its proposers score candidates with (the budget calibrates
-    them): AutoBudget for a strategy with `budget: auto` (its cap `auto_nodes`) when step costs are
+                request: int = 0, left: int | None = None, heads=()) -> Budget:
+    """A request's budget, which holds the Values its proposers score candidates with: AutoBudget for a strategy with `budget: auto` (its cap `auto_nodes`) when step costs are
     known, else the strategy's fixed numbers. `left`: the most tokens the request will emit; `heads`:
     the kinds of head role its drafters ask (their forwards are in every step's cost)."""
     if auto_nodes is None or costs is None:
-        return FixedBudget(), Values(calibrated=False)
-    values = Values()
-    return AutoBudget(costs, auto_nodes, batch, request, left, values, heads), values
+        return FixedBudget()
+    return AutoBudget(costs, auto_nodes, batch, request, left, heads=heads)
 
 
 __all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "Plan", "Round", "Values",
