@@ -50,23 +50,32 @@ ROWS = CostModel(CostTable(T5, [0], [[.2056, .2265, .2489, .2979, .4031]]),
 NEVER = CostModel(CostTable([1, 2, 64], [0], [[0.01, 0.05, 1.0]]), CostTable([1, 64], [0], [[0.01, 0.01]]))
 
 
+def ask(pol: AutoBudget, tree, forwards, r: Round):
+    """`pol.plan(r)` with the step's ledger holding a tree of these node values and these draft forwards."""
+    pol.ledger.joined(tree)
+    pol.ledger.forwards[:] = forwards
+    return pol.plan(r)
+
+
 class Proposer:
     """A proposer's side of one step, as the strategies keep it: the values of the nodes in its tree and
-    its draft forwards' rows, the facts it tells the budget with each question (budget.Round)."""
+    its draft forwards' rows, the facts it records in the step's ledger (budget.Ledger) for the
+    budget to read with each question (budget.Round) and at the step's end."""
 
     def __init__(self, pol: AutoBudget):
         self.pol, self.tree, self.forwards = pol, [], []
 
     def take(self, known, width: int = 0, ahead: int = 0, free: bool = False) -> int:
-        return self.pol.plan(Round(self.tree, self.forwards, list(known), width=width, ahead=ahead, free=free)).take
+        return ask(self.pol, self.tree, self.forwards, Round(list(known), width=width, ahead=ahead, free=free)).take
 
     def feeds(self, known, fed, rows: int, ahead: int) -> bool:
-        return self.pol.plan(Round(self.tree, self.forwards, list(known), list(fed), rows, ahead=ahead)).feed
+        return ask(self.pol, self.tree, self.forwards, Round(list(known), list(fed), rows, ahead=ahead)).feed
 
     def observe(self, size: int, accepted: int, emitted: int, seconds: float, node_q=None) -> dict:
         """The step's outcome: a chain of `size` nodes (root included), its first `accepted` drafts accepted."""
-        proposal = Proposal(TokenTree.chain(0, [1] * (size - 1)), node_q=node_q, values=self.tree,
-                            forward_rows=self.forwards)
+        self.pol.ledger.joined(self.tree)
+        self.pol.ledger.forwards[:] = self.forwards
+        proposal = Proposal(TokenTree.chain(0, [1] * (size - 1)), node_q=node_q)
         return self.pol.observe(proposal, np.arange(accepted + 1), emitted, seconds)
 
 
@@ -294,10 +303,11 @@ def test_a_free_tree_must_beat_the_batch_all_at_ar():
     assert Proposer(alone).take([0.9, 0.8, 0.7], free=True) == 3
 
 
-def test_a_plan_depends_on_its_round_alone():
-    """The budget keeps no tally of its own within a step: each Round tells it the tree's values and the
-    draft forwards so far, so the same question gets the same answer whatever was asked before it
-    (the proposer's facts are the budget's only state besides what begin() and observe() set)."""
+def test_a_plan_depends_on_its_round_and_the_ledger_alone():
+    """The budget keeps no tally of its own within a step: the step's ledger holds the tree's values and
+    the draft forwards so far, so the same question at the same ledger gets the same answer whatever
+    was asked before it (the proposer's facts are the budget's only state besides what begin() and
+    observe() set)."""
     rng = np.random.default_rng(0)
     rounds = []
     for _ in range(60):
@@ -305,16 +315,16 @@ def test_a_plan_depends_on_its_round_alone():
         forwards = rng.integers(1, 8, rng.integers(0, 4)).tolist()
         known = sorted((rng.random(rng.integers(1, 8)) * 0.9).tolist(), reverse=True)
         rows = int(rng.integers(0, 2)) * int(rng.integers(1, 6))
-        rounds.append(Round(tree, forwards, known, known[:2] if rows else (), rows, width=int(rng.integers(0, 4)),
-                            ahead=int(rng.integers(0, 4)), free=bool(rng.random() < 0.2)))
+        rounds.append((tree, forwards, Round(known, known[:2] if rows else (), rows, width=int(rng.integers(0, 4)),
+                                             ahead=int(rng.integers(0, 4)), free=bool(rng.random() < 0.2))))
     for costs in (CPU, GPU, INT4):
         asked = AutoBudget(costs, max_nodes=16)
         asked.begin(256)
-        answers = [asked.plan(r) for r in rounds]                    # one budget, every question in turn
+        answers = [ask(asked, *r) for r in rounds]                   # one budget, every question in turn
         for r, got in zip(rounds, answers):
             fresh = AutoBudget(costs, max_nodes=16)
             fresh.begin(256)
-            assert fresh.plan(r) == got
+            assert ask(fresh, *r) == got
         assert {a.take for a in answers} != {0} and {a.feed for a in answers} == {True, False}
 
 
@@ -337,11 +347,12 @@ def test_one_round_answers_as_its_questions_asked_one_by_one():
             forwards = rng.integers(1, 6, rng.integers(1, 3)).tolist()
             known = sorted((rng.random(rng.integers(0, 6)) * 0.95).tolist(), reverse=True)
             width, ahead, then, bar_ahead = (int(x) for x in rng.integers([1, 0, 0, 0], [4, 5, 6, 8]))
-            got = pol.plan(Round(tree, forwards, known, width=width, ahead=ahead, then=then, bar_ahead=bar_ahead))
-            assert got.take == pol.plan(Round(tree, forwards, known, width=width, ahead=ahead)).take
+            got = ask(pol, tree, forwards, Round(known, width=width, ahead=ahead, then=then, bar_ahead=bar_ahead))
+            assert got.take == ask(pol, tree, forwards, Round(known, width=width, ahead=ahead)).take
             after = [*tree, *known[:got.take]]
-            want_feed = got.take > 0 and pol.plan(Round(after, forwards, known[got.take:got.take + width],
-                                                        known[:got.take], got.take + then, ahead=ahead)).feed
+            want_feed = got.take > 0 and ask(pol, after, forwards, Round(known[got.take:got.take + width],
+                                                                         known[:got.take], got.take + then,
+                                                                         ahead=ahead)).feed
             assert got.feed == want_feed
             checked["fed"] += got.feed
             forwards_after = [*forwards, got.take + then] if got.feed else forwards
@@ -349,7 +360,7 @@ def test_one_round_answers_as_its_questions_asked_one_by_one():
             for a, bar in enumerate(got.bars):
                 checked["finite"] += bar < float("inf")
                 for v in rng.uniform(0, 1, 12).tolist() + ([bar * 0.999, bar * 1.001] if bar < 1 else []):
-                    alone = pol.plan(Round(after, forwards_after, [v], width=1, ahead=a)).take > 0
+                    alone = ask(pol, after, forwards_after, Round([v], width=1, ahead=a)).take > 0
                     assert got.joins(v, a) == alone, (a, v, bar)
                     checked["bars"] += 1
     assert checked["fed"] > 10 and checked["finite"] > 100 and checked["bars"] > 1000
@@ -399,12 +410,12 @@ def test_batch_forwards_are_costed_padded_and_the_draft_joins_its_round():
     assert pol.costs.verify_s(7) == pytest.approx(CPU.target(8 * 8))          # a tree of 8 pads every row to 8
     assert pol.draft_s == pytest.approx(CPU.draft(7 * 2) + CPU.draft(7 * 10))   # their draft time, before mine
     # round 0: joins theirs; round 1: within their 10, padded; round 2: nobody else: alone
-    pol.plan(Round(forwards=[2, 4, 3]))
+    ask(pol, [], [2, 4, 3], Round())
     assert pol.draft_s == pytest.approx(CPU.draft(8 * 2) + CPU.draft(8 * 10) + CPU.draft(3))
     assert pol.costs.all_ar_rate() == pytest.approx(8 / CPU.target(8))        # the batch if everyone took ar
     alone = AutoBudget(CPU, max_nodes=64)
     alone.begin(0)
-    alone.plan(Round(forwards=[2, 3]))                                 # the forward that opened the tree, then 3 rows
+    ask(alone, [], [2, 3], Round())                                    # the forward that opened the tree, then 3 rows
     assert alone.draft_s == pytest.approx(CPU.draft(2) + CPU.draft(3)) and alone.costs.verify_s(4) == pytest.approx(CPU.target(5))
     view.forget(3)                                                      # a neighbour ended: out of the view
     assert pol.costs.verify_s(0) == pytest.approx(CPU.target(7 * 2)) and 3 not in view.draft[0]

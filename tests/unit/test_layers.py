@@ -238,8 +238,9 @@ def test_strategies_reach_drafters_through_their_registry():
 # The budget's whole protocol (runtime/budget/__init__.py, `Budget`): a step begins, a proposer asks
 # plan(Round) (what to take, whether to feed), the step observes the outcome, the scheduler reads the
 # last step's expectation; `adaptive` tells a request whether to prefill its draft at once; `values`
-# is the request's Values, which the budget owns (read as `state.values`).
-BUDGET_PROTOCOL = {"begin", "plan", "observe", "expected_emitted", "adaptive", "values"}
+# is the request's Values, which the budget owns (read as `state.values`); `ledger` the step's
+# facts, which the proposer records (read as `state.ledger`).
+BUDGET_PROTOCOL = {"begin", "plan", "observe", "expected_emitted", "adaptive", "values", "ledger"}
 
 
 def budget_uses(path: Path) -> list[tuple[str, int]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .budget import Budget, FixedBudget, Values
+from .budget import Budget, FixedBudget, Ledger, Values
 from .effects import Calls
 from .grammar import GrammarState
 from .logits import TokenLogprob
@@ -58,6 +58,12 @@ class DecodeState:
     def values(self) -> Values:
         """How proposers score nodes (budget/values.py): the budget's, which calibrates them."""
         return self.budget.values
+
+    @property
+    def ledger(self) -> Ledger:
+        """This step's facts (budget/plan.py): the proposer grows its tree's values in `ledger.value`,
+        the draft's forwards go in `ledger.forwards`; the budget reads them."""
+        return self.budget.ledger
 
     @property
     def root(self) -> int:

@@ -99,7 +99,7 @@ class DraftTree:
         self.anc[0, 0] = True
         self.row_owner: list[int] = [0] * len(self.pending)       # pending rows are the root's prefix
         self.forwards = 0
-        self.forward_rows: list[int] = []                          # rows of each draft forward (the budget's facts)
+        self.forward_rows = st.ledger.forwards                     # rows of each draft forward: the step's ledger
         self.reviewed = 0                                          # chain tokens offered for review
         self.review_kept = 0                                       # ... and kept by the draft
 
@@ -276,10 +276,10 @@ class DraftTree:
         """The sequence as it would read with `node` accepted: emitted tokens + the path to node."""
         return np.concatenate([self.st.tokens(), self.path(node)[1:]])
 
-    def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None, *,
-                 values: list[float] | None = None, **stats) -> Proposal:
-        """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row.
-        `values`: what its nodes are worth, in the order they joined it (Proposal.values).
+    def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None,
+                 **stats) -> Proposal:
+        """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row (what
+        its nodes are worth and the draft's forwards: the step's ledger).
         `path_flags`: {record name: node flag ("reviewed", "borrowed")} the step reports as whether
         the accepted path has a flagged node."""
         target_tree, sel = self.token_tree(nodes)
@@ -288,7 +288,7 @@ class DraftTree:
         return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
                         nodes={"reviewed": self.reviewed_mask(sel), "borrowed": flags["borrowed"].tolist()},
                         stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()},
-                        source=self.source[sel].copy(), values=values or [], forward_rows=self.forward_rows)
+                        source=self.source[sel].copy())
 
     def node_q(self, nodes: np.ndarray) -> np.ndarray:
         """The draft's probability of each node's token given its parent (NaN for the root, and for a

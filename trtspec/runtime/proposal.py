@@ -14,9 +14,8 @@ verifies or commits.
   model, or no node at all). The step reports the mix (`sources`: proposed and accepted nodes per
   drafter) and budget: auto calibrates each drafter's scores apart (`node_q()` holds the draft's
   probability for a model node, the drafter's own score for a scored drafter's node).
-- `values`: what the tree's nodes are worth (budget.Values), in the order they joined it, and
-  `forward_rows`: the rows of each draft forward the step ran (the first opened the tree): the
-  facts budget: auto sizes by and learns from (`Budget.observe`).
+- what the nodes are worth and the step's draft forwards are not here: the step's ledger
+  (budget/plan.py `Ledger`) holds them, which budget: auto sizes by and learns from.
 - `nodes`: per-node flags kept with a recorded tree (`--show-tree`); `stats`: the step's
   strategy-specific numbers; `path_flags`: per-node flags reported as whether the accepted path
   has one (e.g. `merged_path`).
@@ -62,8 +61,6 @@ class Proposal:
     stats: dict = field(default_factory=dict)
     path_flags: dict[str, np.ndarray] = field(default_factory=dict)
     source: np.ndarray | None = None
-    values: list[float] = field(default_factory=list)
-    forward_rows: list[int] = field(default_factory=list)
 
     def sources(self, path: np.ndarray) -> dict[str, list[int]]:
         """{drafter: [nodes proposed, nodes accepted]} of this tree (root excluded), once `path` is known."""

@@ -26,7 +26,7 @@ from ..costs import CostModel
 from .acceptance import Acceptance
 from .auto import AutoBudget
 from .batch_costs import BatchCosts, BatchView
-from .plan import Plan, Round, joined
+from .plan import Ledger, Plan, Round
 from .values import Values
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 class Budget(Protocol):
     adaptive: bool           # True: sized from costs (its draft is prefilled lazily, at the first drafted step)
     values: Values           # how the request's proposers score candidates (calibrated by an adaptive one)
+    ledger: Ledger           # this step's facts, as its proposer records them (a fresh one at each begin)
 
     def begin(self, cached: int, behind: int = 0) -> bool: ...   # draft this step? (False: a plain ar step)
     def plan(self, r: Round) -> Plan: ...                       # what to take, whether to feed, the bars
@@ -49,8 +50,10 @@ class FixedBudget:
 
     def __init__(self) -> None:
         self.values = Values(calibrated=False)       # a node's value: its cumulative draft probability
+        self.ledger = Ledger()
 
     def begin(self, cached: int, behind: int = 0) -> bool:
+        self.ledger = Ledger()
         return True
 
     def plan(self, r: Round) -> Plan:
@@ -75,5 +78,5 @@ def make_budget(auto_nodes: int | None, costs: CostModel | None, batch: BatchVie
     return AutoBudget(costs, auto_nodes, batch, request, left, heads=heads)
 
 
-__all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "Plan", "Round", "Values",
-           "joined", "make_budget"]
+__all__ = ["Acceptance", "AutoBudget", "BatchCosts", "BatchView", "Budget", "FixedBudget", "Ledger", "Plan", "Round",
+           "Values", "make_budget"]

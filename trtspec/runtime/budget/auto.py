@@ -32,7 +32,7 @@ import numpy as np
 from ..costs import CostModel
 from .batch_costs import BatchCosts, BatchView
 from .gate import ArGate
-from .plan import Plan, Round
+from .plan import Ledger, Plan, Round
 from .records import step_record
 from .values import Values
 
@@ -60,7 +60,8 @@ class AutoBudget:
         self.gate = ArGate()
         self.values = values or Values()
         self.last_expected = 1.0            # expected emitted tokens of this request's last step
-        # The step so far, as the last Round told it (`_sync`): its draft forwards (tokens each, as
+        self.ledger = Ledger()              # this step's facts, as its proposer records them (plan.py)
+        # The step so far, as the ledger held it when last asked (`_sync`): its draft forwards (tokens each, as
         # charged), their seconds on top of the neighbours' (`base_s`), its nodes and their values' sum.
         self.rounds: list[int] = []
         self.base_s, self.draft_s, self.expected, self.nodes = 0.0, 0.0, 0.0, 0
@@ -75,6 +76,7 @@ class AutoBudget:
         catches up when a tree opens); False = make it a plain ar step."""
         self.costs.cached = cached
         self.base_s = self.costs.neighbours_draft_s()
+        self.ledger = Ledger()
         self._sync((), ())
         # more than the usual lag of a drafted step (its last emitted tokens): a forward of its own
         self.catch_up_s = self.costs.padded("draft", [behind]) if behind > 2 and self.costs.model.draft else 0.0
@@ -114,8 +116,10 @@ class AutoBudget:
 
     def plan(self, r: Round) -> Plan:
         """The answer to one round's question (plan.Round): how many to take, whether to feed (what was
-        taken, with `then`), and the bars of the round's later nodes (with `bar_ahead`)."""
-        self._sync(r.tree, r.forwards)
+        taken, with `then`), and the bars of the round's later nodes (with `bar_ahead`); the tree and
+        the draft forwards so far: the step's ledger."""
+        tree, forwards = self.ledger.tree, list(self.ledger.forwards)
+        self._sync(tree, forwards)
         known, take, feed, rows = list(r.known), 0, False, r.rows
         if r.rows:
             unseen = r.measure and not self.values.top1_seen       # the draft never measured: hope, as the gate
@@ -126,11 +130,11 @@ class AutoBudget:
             take = self._take(known, r.width, r.ahead)
             if take and r.then is not None:
                 rows = take + r.then
-                self._sync([*r.tree, *known[:take]], r.forwards)
+                self._sync([*tree, *known[:take]], forwards)
                 feed = self._worth_feeding(known[take:take + r.width], known[:take], rows, r.ahead)
         if r.bar_ahead is None:
             return Plan(take, feed)
-        self._sync([*r.tree, *known[:take]], [*r.forwards, rows] if feed else r.forwards)
+        self._sync([*tree, *known[:take]], [*forwards, rows] if feed else forwards)
         return Plan(take, feed, self._bars(r.bar_ahead))
 
     def _bars(self, ahead: int) -> tuple[float, ...]:
@@ -233,10 +237,11 @@ class AutoBudget:
 
     # -- after verification -----------------------------------------------------------------------
     def observe(self, proposal: Proposal, path: np.ndarray, emitted: int, seconds: float) -> dict:
-        """The step's outcome: the tree verified (`proposal`, as the step sent it), its accepted `path`.
-        Calibrates the request's Values, updates the gate; returns the step's record."""
+        """The step's outcome: the tree verified (`proposal`, as the step sent it; its nodes' values and
+        draft forwards: the ledger), its accepted `path`. Calibrates the request's Values, updates the
+        gate; returns the step's record."""
         tree_size = len(proposal.tree)
-        self._sync(proposal.values, proposal.forward_rows)
+        self._sync(self.ledger.tree, self.ledger.forwards)
         self.values.calibrate(tree_size, path, proposal.tree.host_parents, proposal.node_q, proposal.source)
         ar = self.costs.all_ar_rate()
         if self.left is not None:

@@ -1,16 +1,38 @@
-"""Round and Plan: the one question a proposer asks the budget in a round of drafting, and its answer
-(`Budget.plan`): what to take, whether to feed, and the bar any further node of the round must pass."""
+"""Ledger, Round and Plan: one step's facts as its proposer records them, the one question a proposer
+asks the budget in a round of drafting, and its answer (`Budget.plan`): what to take, whether to
+feed, and the bar any further node of the round must pass."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Ledger:
+    """One step's facts, each recorded once, where it happens: the value of every node that joined the
+    tree (`value`: node -> value, the root's first, in the order they joined; a proposer grows its tree
+    in this dict) and the rows of each draft forward (`forwards`, the first opened the tree; the draft
+    model's tree appends them). The budget owns it (a fresh one each step, at `begin`) and reads it
+    when asked (`plan`) and when the step ends (`observe`): no Round or Proposal carries them."""
+    value: dict[int, float] = field(default_factory=lambda: {0: 1.0})
+    forwards: list[int] = field(default_factory=list)
+
+    @property
+    def tree(self) -> list[float]:
+        """The values of the tree's nodes but the root, in the order they joined it."""
+        return list(self.value.values())[1:]
+
+    def joined(self, values: Sequence[float]) -> None:
+        """A tree assembled at once (a drafter's candidates, GSD's unrolled DAG): its nodes' values, in
+        the order they joined it (the root's apart)."""
+        self.value = {0: 1.0, **{i + 1: v for i, v in enumerate(values)}}
 
 
 @dataclass(frozen=True)
 class Round:
-    """One question to the budget, with the facts it needs: the tree so far and the step's draft
-    forwards so far (the proposer reports them; the budget keeps no running tally of its own), and
-    the scored candidates (values by `Values`, best first) in question.
+    """One question to the budget: the scored candidates (values by `Values`, best first) in question;
+    the tree so far and the step's draft forwards so far are the step's `Ledger`, which the budget
+    reads.
 
     - `rows` = 0: how many of `known` to add now (`Plan.take`): the best prefix of them; with
       `ahead` > 0 the best `width` are also weighed as a frontier to feed in up to `ahead` more draft
@@ -29,8 +51,6 @@ class Round:
       the draft's prior top-1 alone might keep it from ever being fed, so from ever being measured:
       while the request has not seen the draft's top-1, the feed is weighed with an optimistic draft
       (the gate's), and the proposer measures what that forward shows (`Values.measure_top1`)."""
-    tree: Sequence[float] = ()          # values of the nodes in the tree now, in the order they joined it
-    forwards: Sequence[int] = ()        # rows of each draft forward this step so far (the first opened the tree)
     known: Sequence[float] = ()
     feed: Sequence[float] = ()
     rows: int = 0
@@ -40,12 +60,6 @@ class Round:
     then: int | None = None
     bar_ahead: int | None = None
     measure: bool = False
-
-
-def joined(value: dict) -> list[float]:
-    """`Round.tree` from a proposer's {node: value} (node 0, the root, first; the others in the order
-    they joined the tree, as a dict keeps them)."""
-    return list(value.values())[1:]
 
 
 @dataclass(frozen=True)

@@ -150,4 +150,5 @@ def as_tree(st: DecodeState, cands: list[Candidate], tags: list[int], stats: dic
     tree = TokenTree([st.root] + [c.token for c in cands], [-1] + [c.parent + 1 for c in cands])
     node_q = np.array([np.nan] + [c.prob for c in cands])
     source = np.array(tags[: len(cands) + 1], dtype=np.int64)
-    return Proposal(tree, node_q=lambda: node_q, stats=stats, source=source, values=[c.value for c in cands])
+    st.ledger.joined([c.value for c in cands])
+    return Proposal(tree, node_q=lambda: node_q, stats=stats, source=source)

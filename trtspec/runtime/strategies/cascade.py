@@ -32,7 +32,7 @@ from pydantic import Field
 
 from ...errors import ConfigError
 from ...options import Drafters, auto_or
-from ..budget import Round, joined
+from ..budget import Round
 from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..drafters import first_chain
@@ -70,13 +70,13 @@ class Cascade(Strategy):
         # Every review may add mag_len nodes that the draft then rejects: they hold tree slots too.
         tree = yield from self.model.open(st, capacity=self.kd * (self.mag_len + 1) + self.k_mag + 2)
         chain: list[int] = []                       # node ids, in order
-        last, value = 0, {0: 1.0}                   # each node's value, in the order it joined (the root first)
+        last, value = 0, st.ledger.value            # each node's value, in the order it joined (the root first)
         while len(chain) < self.kd:
             v, tok, _ = tree.candidates(last, value[last])[0]      # the draft's own token
             leaf = len(chain) + 1 >= self.kd             # a leaf: no need to feed it
             proposal = [] if leaf else first_chain(self.drafters, st, np.append(tree.context(last), tok),
                                                    self.mag_len)[1]
-            plan = budget.plan(Round(joined(value), tree.forward_rows, [v], width=1, ahead=self.kd - len(chain) - 1,
+            plan = budget.plan(Round([v], width=1, ahead=self.kd - len(chain) - 1,
                                      then=None if leaf else len(proposal), bar_ahead=0))
             if not plan.take:
                 break
@@ -100,7 +100,7 @@ class Cascade(Strategy):
             for tok in raw:                          # raw MaG tier, unreviewed
                 chain.append(tree.add(chain[-1], int(tok), source=tag))
                 value[chain[-1]] = 0.0               # verified, so counted; no probability to value it by
-        return tree.proposal([0] + chain, values=joined(value), stage2_proposed=tree.reviewed,
+        return tree.proposal([0] + chain, stage2_proposed=tree.reviewed,
                              stage2_accepted=tree.review_kept)
 
 

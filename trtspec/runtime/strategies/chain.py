@@ -44,9 +44,10 @@ class ChainSpeculative(Strategy):
         yield from model.catch_up(st)
         pending = st.pending()
         logits = yield from model.extend(st, pending)
-        forwards = [len(pending)]                  # rows of each draft forward (the budget's facts)
+        ledger = st.ledger                         # the step's facts: each draft forward's rows, each node's value
+        ledger.forwards.append(len(pending))
         drafts: list[int] = []
-        qs, probs, joined = [], [], []
+        qs, probs = [], []
         value, fed = 1.0, 0
         for i in range(self.nodes):
             logits = st.constrain(logits[-1:], [drafts])      # a grammar's mask after the drafts so far
@@ -60,11 +61,11 @@ class ChainSpeculative(Strategy):
                 q = st.draft_probs(logits[-1:])[0]
                 values.saw_top1(q.max())           # a device scalar: only calibrated values read it
                 v = values.drawn(value, q, q)
-            plan = budget.plan(Round(joined, forwards, [v], width=1, ahead=self.nodes - i - 1,
+            plan = budget.plan(Round([v], width=1, ahead=self.nodes - i - 1,
                                      then=None if i == self.nodes - 1 else 0))   # take it, then feed it?
             if not plan.take:
                 break
-            joined.append(v)
+            ledger.value[i + 1] = v
             value = v
             if not greedy:
                 tok = (yield from read(torch.multinomial(q, 1, generator=st.gen)))[0]   # with its round's reads
@@ -75,11 +76,10 @@ class ChainSpeculative(Strategy):
                 break
             logits = yield from model.extend(st, [tok])
             fed += 1
-            forwards.append(1)
+            ledger.forwards.append(1)
         # row 0 (the root) is never verified against q
         q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs) if qs else None
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
         return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), model.forwards(st) - f0,
-                        lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())),
-                        values=joined, forward_rows=forwards)
+                        lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())))

@@ -28,7 +28,7 @@ import torch
 from pydantic import Field
 
 from ...options import MAX_STEP_TOKENS, Budget, Depth, Fraction, TreeSize
-from ..budget import Plan, Round, joined
+from ..budget import Plan, Round
 from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..effects import Calls, read
@@ -98,12 +98,12 @@ class DySpec(Strategy):
     def propose(self, st: DecodeState) -> Calls:
         tree = yield from self.model.open(st, capacity=self.nodes + 2)
         st.values.saw_top1(tree.top[0][0][0])
-        value = {0: 1.0}                        # each node's value, in the order it joined (the root first)
+        value = st.ledger.value                 # each node's value, in the order it joined (the root first)
         if self.variant == "heap":
             yield from self._heap(st, tree, value)
         else:
             yield from self._threshold(st, tree, value)
-        return tree.proposal(values=joined(value))
+        return tree.proposal()
 
     def _heap(self, st: DecodeState, tree: DraftTree, value: dict) -> Calls:
         # slot = (-value, tiebreak, parent, residual or None if the parent still needs feeding)
@@ -114,7 +114,7 @@ class DySpec(Strategy):
             slots = [heapq.heappop(heap) for _ in range(min(self.batch, len(heap), self.nodes - added))]
             unfed = [parent for _, _, parent, res in slots if res is None]
             fed_slots = [value[parent] * st.values.top1 for _, _, parent, res in slots if res is not None]
-            plan = budget.plan(Round(joined(value), tree.forward_rows, fed_slots if unfed else (),
+            plan = budget.plan(Round(fed_slots if unfed else (),
                                      [value[n] for n in unfed], len(unfed),
                                      ahead=self.max_depth - min((int(tree.depth[n]) for n in unfed), default=0),
                                      bar_ahead=max(self._ahead(tree, sl[2]) for sl in slots)))
@@ -142,7 +142,7 @@ class DySpec(Strategy):
         leaves = [(0, 1.0)]
         added = 0
         for depth in range(self.max_depth):
-            plan = st.budget.plan(Round(joined(value), tree.forward_rows, feed=[value[n] for n, _ in leaves],
+            plan = st.budget.plan(Round(feed=[value[n] for n, _ in leaves],
                                         rows=len(leaves) if depth else 0, ahead=self.max_depth - depth,
                                         bar_ahead=self.max_depth - depth - 1))
             if depth > 0:

@@ -101,7 +101,7 @@ class GSD(Strategy):
         for depth in range(self.max_depth):
             if depth > 0:
                 # its nodes join the tree at the end (_unroll): all of them are known candidates
-                r = Round((), tree.forward_rows, [v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
+                r = Round([v for n, v in path_p.items() if n], [path_p[n] for n in frontier],
                           len(frontier), ahead=self.max_depth - depth)
                 if not budget.plan(r).feed:
                     break
@@ -125,7 +125,8 @@ class GSD(Strategy):
                 break
             frontier = new
         keep, joined = self._unroll(st, tree, merged)
-        return tree.proposal(keep, path_flags={"merged_path": "borrowed"}, values=joined, merges=merges)
+        st.ledger.joined(joined)
+        return tree.proposal(keep, path_flags={"merged_path": "borrowed"}, merges=merges)
 
     def _unroll(self, st: DecodeState, tree: DraftTree, merged: dict[int, list[int]]) -> tuple[list[int], list[float]]:
         """BFS over real + merged edges; a node reached via a merged edge is copied (with its subtree,
@@ -147,7 +148,7 @@ class GSD(Strategy):
                 queue.append(len(plan) - 1)
         # best value first, stable: a parent (earlier in BFS) before an equal child; then back in BFS order
         chosen = sorted(range(1, len(plan)), key=lambda j: -plan[j][2])
-        take = st.budget.plan(Round((), tree.forward_rows, [plan[j][2] for j in chosen])).take
+        take = st.budget.plan(Round([plan[j][2] for j in chosen])).take
         chosen = sorted(chosen[:take])
         node_of, keep, joined = {0: 0}, [0], []
         for j in chosen:

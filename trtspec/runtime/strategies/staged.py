@@ -40,7 +40,7 @@ import numpy as np
 from pydantic import Field
 
 from ...options import Budget, Drafters, Fraction, TreeSize
-from ..budget import Plan, Round, Values, joined
+from ..budget import Plan, Round, Values
 from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..drafters import Candidate, Drafter, as_tree, first_chain, merged, offer_stats, offers, together
@@ -103,7 +103,7 @@ class Staged(Strategy):
         if measure:
             values.measure_top1(tree.top[0][0][0])        # the draft's first measure replaces its prior
         order = itertools.count()                  # heap ties: the earlier candidate first
-        value = {0: 1.0}                           # each node's value, in the order it joined (the root first)
+        value = st.ledger.value                    # each node's value, in the order it joined (the root first)
         heap: list = []                            # (-value, order, source, key): the candidates of every source
         draft = DraftChildren(self.min_prob)
         draft.push(heap, order, tree, 0, 1.0)
@@ -115,7 +115,7 @@ class Staged(Strategy):
             last = rnd == self.max_rounds - 1                       # its nodes are leaves: never fed
             head = heap[0][2].place(heap[0][3]) if heap else None   # where this round's stage 2 will start
             guess = [] if last or head is None else self._stage2(st, tree, *head)
-            plan = budget.plan(Round(joined(value), tree.forward_rows, sorted(-c[0] for c in heap)[::-1],
+            plan = budget.plan(Round(sorted(-c[0] for c in heap)[::-1],
                                      width=self.width, ahead=self.max_rounds - rnd - 1,
                                      then=None if last else len(guess), bar_ahead=0))
             new = self._pick(heap, order, tree, min(plan.take, self.nodes - added), values, value)
@@ -130,7 +130,7 @@ class Staged(Strategy):
             for node in (yield from tree.feed(new, chains)):
                 if node in value or self._keep_reviewed(st, tree, node, value, plan):
                     draft.push(heap, order, tree, node, value[node])
-        return tree.proposal(values=joined(value), stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
+        return tree.proposal(stage2_proposed=tree.reviewed, stage2_accepted=tree.review_kept,
                              **offer_stats(offered))
 
     def _pick(self, heap: list, order, tree: DraftTree, room: int, values: Values, value: dict) -> list[int]:
