@@ -174,8 +174,14 @@ class Request:
 
     def unstarted(self, finish: str) -> GenerationResult:
         """The result of a request that ended before it started (cancelled or expired while waiting)."""
-        return GenerationResult([], {**stats([], [], 0.0, 0.0), "cached_prompt_tokens": 0}, [], finish,
-                                [] if self.sampling.logprobs is not None else None)
+        return self.result(finish)
+
+    def result(self, finish: str, out: list[int] = (), steps: list[StepStats] = (), seconds: float = 0.0,
+               prefill_s: float = 0.0, cached: int = 0, logprobs: list[TokenLogprob] = ()) -> GenerationResult:
+        """Its result: what it emitted, its steps and timings (nothing, if it never ran)."""
+        numbers = {**stats(list(out), list(steps), seconds, prefill_s), "cached_prompt_tokens": cached}
+        return GenerationResult(list(out), numbers, list(steps), finish,
+                                list(logprobs) if self.sampling.logprobs is not None else None)
 
 
 @dataclass
@@ -278,10 +284,8 @@ class Run:
     def result(self, finish: str) -> GenerationResult:
         steps = self.state.steps if self.state is not None else []
         seconds = time.perf_counter() - self.t0 if self.t0 else 0.0
-        logprobs = list(self.out_logprobs) if self.request.sampling.logprobs is not None else None
-        out = stats(self.out, steps, seconds, self.prefill_s)
-        out["cached_prompt_tokens"] = self.cached_tokens
-        return GenerationResult(list(self.out), out, steps, finish, logprobs)
+        return self.request.result(finish, self.out, steps, seconds, self.prefill_s, self.cached_tokens,
+                                   self.out_logprobs)
 
 
 def stats(out: list[int], steps: list[StepStats], seconds: float, prefill_s: float) -> dict:
