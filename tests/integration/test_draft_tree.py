@@ -161,7 +161,7 @@ def test_fed_probs_equal_reference(arch_pairs, arch, prompt, lag, rounds, seed):
     rng = np.random.default_rng(seed)
     st = make_state(pair, prompt, lag)
     tree, _ = grow(pair, st, rng, rounds)
-    assert tree.forwards <= rounds + 1
+    assert len(tree.forward_rows) <= rounds + 1
     assert assert_probs_match_reference(pair, st, tree) >= 1
     # token_tree(): exactly the alive nodes, same structure
     tt, sel = tree.token_tree()

@@ -138,9 +138,12 @@ def check_fits(folder: Path, manifest: dict, cfg: Config, slots: int | None = No
 def load_generator(folder: str | Path, backend: str | None = None, threads: int | None = None,
                    config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
                    tokenizer=None, slots: int | None = None, max_queue: int | None = None,
-                   prefix_cache: int | None = None) -> Generator:
+                   prefix_cache: int | None = None, strategy_options: dict | None = None,
+                   costs=None) -> Generator:
     """Engines + KV buffers + tokenizer of an engine folder (see `open_folder` for the arguments;
-    pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice)."""
+    pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice).
+    `strategy_options`: the strategies' options, if not the config's; `costs`: the step costs
+    budget: auto plans with (a runtime/costs.py CostModel), if not the folder's stored ones."""
     folder = Path(folder)
     manifest, cfg, backend = opened or open_folder(folder, backend, config)
     threads = cfg.threads if threads is None else threads
@@ -154,9 +157,10 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
     heads = load_heads(folder, manifest, cfg.device)
     tok = tokenizer if tokenizer is not None else load_tokenizer(folder, manifest)
     gen = Generator(target, draft, tokenizer=tok, capacity=cfg.max_seq_len,
-                    stop_ids=set(manifest.get("stop_ids", [])), strategy_options=cfg.strategies,
+                    stop_ids=set(manifest.get("stop_ids", [])),
+                    strategy_options=cfg.strategies if strategy_options is None else strategy_options,
                     buckets=cfg.step_buckets(), slots=slots, max_queue=max_queue, owns_engines=True,
-                    prefix_cache=prefix_cache, heads=heads, config=cfg, backend=backend,
+                    prefix_cache=prefix_cache, heads=heads, config=cfg, backend=backend, costs=costs,
                     stored_costs=StoredCosts(folder, costs_key(cfg, backend, threads)))
     if uses_auto(cfg):
         gen.step_costs()         # stored, or measured now: not inside the first request's submit

@@ -9,8 +9,12 @@ it through `self.model` alone (no strategy touches the draft's runner, `st.draft
   of a fed node, `tree.feed(nodes, chains)` feeds a frontier and reviews the free drafters' chains in
   the same forward, and `tree.proposal()` hands the tree and its draft KV rows to the shared step,
   which commits the accepted path's);
-- `extend(st, tokens)` and `catch_up(st)`: a chain's forwards, one token at a time (`chain`);
-- `forwards(st)`: the request's draft forwards so far (a step reports how many it made).
+- `extend(st, tokens)` and `catch_up(st)`: a chain's forwards, one token at a time (`chain`).
+
+A step's draft forwards are counted in one place, the step's ledger (`st.ledger.forwards`, the rows
+of each): whoever runs a forward of the step appends it there; the budget plans on it and the step
+reports its length. A catch-up (the draft prefilling what it missed during ar steps) is no forward of
+the step's tree: it is not in the ledger, for chain and tree strategies alike.
 
 It is not a drafter (drafters/ has the free and head ones, which cost no draft forward): its nodes
 are tagged `draft` (proposal.DRAFT), and the free drafters' chains it reviews `review`. Per-request
@@ -67,10 +71,6 @@ class DraftModel:
         """The draft's logits after `tokens`, appended to its scratch (one forward)."""
         return (yield from st.draft.extend(tokens))
 
-    def forwards(self, st: DecodeState) -> int:
-        """The request's draft forwards so far."""
-        return st.draft.forwards
-
 
 class DraftTree:
     def __init__(self, st: DecodeState, capacity: int = 512, top_k: int = 1):
@@ -98,7 +98,6 @@ class DraftTree:
         self.tokens[0] = st.root
         self.anc[0, 0] = True
         self.row_owner: list[int] = [0] * len(self.pending)       # pending rows are the root's prefix
-        self.forwards = 0
         self.forward_rows = st.ledger.forwards                     # rows of each draft forward: the step's ledger
         self.reviewed = 0                                          # chain tokens offered for review
         self.review_kept = 0                                       # ... and kept by the draft
@@ -116,7 +115,6 @@ class DraftTree:
         dists = tree._dist(logits, [0])
         tree.probs[0] = dists[0]
         yield from tree._read(dists, [0], [])
-        tree.forwards += 1
         return tree
 
     # -- structure ---------------------------------------------------------------------------
@@ -214,7 +212,6 @@ class DraftTree:
         toks = torch.from_numpy(self.tokens[idx])
         pos = torch.from_numpy(self.base_pos + self.depth[idx])
         logits = yield from self.runner.run(toks, pos, torch.from_numpy(mask))
-        self.forwards += 1
         self.forward_rows.append(len(batch))
         dists = self._dist(logits, batch)
         for i, node in enumerate(batch):
@@ -279,13 +276,13 @@ class DraftTree:
     def proposal(self, nodes: list[int] | None = None, path_flags: dict[str, str] | None = None,
                  **stats) -> Proposal:
         """The tree (alive nodes, or `nodes`) for the shared step, with each node's draft KV row (what
-        its nodes are worth and the draft's forwards: the step's ledger).
+        its nodes are worth and the draft's forwards are the step's ledger).
         `path_flags`: {record name: node flag ("reviewed", "borrowed")} the step reports as whether
         the accepted path has a flagged node."""
         target_tree, sel = self.token_tree(nodes)
         rows = np.where((self.row[sel] >= 0) & ~self.borrowed[sel], self.row[sel], -1)
         flags = {"reviewed": self.from_review[sel], "borrowed": self.borrowed[sel]}
-        return Proposal(target_tree, rows, len(self.pending), self.forwards, lambda: self.node_q(sel),
+        return Proposal(target_tree, rows, len(self.pending), lambda: self.node_q(sel),
                         nodes={"reviewed": self.reviewed_mask(sel), "borrowed": flags["borrowed"].tolist()},
                         stats=stats, path_flags={name: flags[k] for name, k in (path_flags or {}).items()},
                         source=self.source[sel].copy())

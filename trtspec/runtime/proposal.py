@@ -55,7 +55,6 @@ class Proposal:
     tree: TokenTree
     draft_rows: np.ndarray | None = None
     draft_kept: int = 0
-    draft_forwards: int = 0
     node_q: Callable[[], np.ndarray] | None = None
     nodes: dict[str, list] = field(default_factory=dict)
     stats: dict = field(default_factory=dict)

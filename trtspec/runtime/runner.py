@@ -26,7 +26,6 @@ class ModelRunner:
         self.batcher = batcher
         self.engine = batcher.engine
         self.cache = cache
-        self.forwards = 0
         self._iota = torch.arange(MAX_STEP_TOKENS, dtype=torch.int64)   # logit-row indices, reused
         # A draft whose embedding table is smaller or larger than the target's (Qwen2.5-0.5B has
         # 151,936 rows, Qwen2.5-7B 152,064) answers in the target's vocabulary: logits are cut to
@@ -51,7 +50,6 @@ class ModelRunner:
         The runner keeps neither: what a request keeps of them is its DecodeState's (`hidden`)."""
         if self.max_id is not None:
             tokens = tokens.clamp(max=self.max_id)
-        self.forwards += 1
         call = Call(self.batcher, self.cache, tokens, positions, new_mask, logit_rows, phase)
         logits = self._fit_vocab((yield call).float())     # where the engine left them: no host copy
         return (logits, call.hidden) if hidden else logits
@@ -98,4 +96,3 @@ class ModelRunner:
 
     def reset(self) -> None:
         self.cache.reset()
-        self.forwards = 0

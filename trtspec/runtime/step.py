@@ -86,5 +86,5 @@ def _verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float) -> C
         if proposal.source is not None:
             extra["tree"]["source"] = [SOURCES[i] for i in proposal.source.tolist()]    # drafters' names
     extra.update(st.budget.observe(proposal, path, len(emitted), draft_s + verify_s))
-    st.steps.append(StepStats(len(tree), len(path) - 1, proposal.draft_forwards, draft_s, verify_s, extra))
+    st.steps.append(StepStats(len(tree), len(path) - 1, len(st.ledger.forwards), draft_s, verify_s, extra))
     return emitted, path

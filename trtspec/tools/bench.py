@@ -206,14 +206,13 @@ class Bench:
         self.opts = opts
         # Requests run one after another here: one slot, so peak memory compares with the HF peers.
         # prefix cache off: every run of every runner prefills its prompt cold (the peers do too)
-        self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1, prefix_cache=0)
-        if strategy_options is not None:
-            self.gen.strategy_options = strategy_options
+        self.gen = load_generator(folder, backend=backend, threads=threads, config=config, slots=1, prefix_cache=0,
+                                  strategy_options=strategy_options,
+                                  costs=read_costs(opts.plan_costs) if opts.plan_costs else None)
         self.stop_ids = sorted(self.gen.stop_ids)
-        if opts.grammar is None and not opts.until_stop:   # a grammar's output ends where the grammar does
-            self.gen.stop_ids = set()      # benchmark: every runner emits exactly max_new_tokens
-        if opts.plan_costs:
-            self.gen.costs = read_costs(opts.plan_costs)
+        # every runner emits exactly max_new_tokens (requests ignore_eos), unless the answers end at a
+        # stop token: asked for, or a grammar's (its output ends where the grammar does)
+        self.ignore_eos = opts.grammar is None and not opts.until_stop
         self.strategies = {name: self._strategy(name) for name in opts.strategies}   # validates early
         self.timers = {role: instrument(b) for role, b in self.gen.batchers.items()}
         self.folder = folder
@@ -286,7 +285,7 @@ class Bench:
             t.reset_timing()
         res = self.gen.generate(ids, strategy=self.strategies[name], max_new_tokens=max_new,
                                 sampling=SamplingParams(self.opts.temperature, grammar=self.opts.grammar),
-                                seed=self.opts.seed)
+                                seed=self.opts.seed, ignore_eos=self.ignore_eos)
         d = self.timers.get("draft")
         hist = Counter(s.accepted + 1 for s in res.steps)
         return {"runner": name, "kind": "trtspec", **res.stats,
@@ -492,7 +491,7 @@ def _run_loaded(bench: Bench, encoded, skipped, opts: BenchOptions, folder: Path
             "draft_quantize": getattr(cfg.draft, "quantize", None),   # HF's assistant is never quantized
             "kv_capacity": bench.gen.capacity, "runners": bench.runners,
             "strategy_options": {s: options_of(bench.gen, s) for s in opts.strategies},
-            "stop_ids_ignored": [] if bench.gen.stop_ids else bench.stop_ids, "warmup": f"one run per runner on the first prompt, "
+            "stop_ids_ignored": bench.stop_ids if bench.ignore_eos else [], "warmup": f"one run per runner on the first prompt, "
                                                          f"{warm_tokens} tokens, not recorded",
             "peak_rss_reset_per_run": reset_peak_rss(),
             **{fam: peers.settings() for fam, peers in bench.peers.items()}, **(settings or {})},
@@ -607,17 +606,14 @@ def _concurrency(folder: Path, opts: BenchOptions, out: Path, levels: list[int],
     """`bench --concurrency`: see tools/bench_concurrency.py."""
     from ..assembly.load import load_generator
     with load_generator(folder, backend=backend, threads=threads, config=cfg, slots=max(levels),
-                        prefix_cache=0) as gen:       # as in a cold run (the levels replay the same prompts)
+                        prefix_cache=0,               # as in a cold run (the levels replay the same prompts)
+                        costs=read_costs(opts.plan_costs) if opts.plan_costs else None) as gen:
         return _concurrency_loaded(gen, folder, opts, out, levels, threads, cfg, command, log)
 
 
 def _concurrency_loaded(gen, folder: Path, opts: BenchOptions, out: Path, levels: list[int], threads, cfg, command,
                         log) -> dict:
     from .bench_concurrency import concurrency_bench, write_concurrency_report
-    if cfg is not None:
-        gen.strategy_options = cfg.strategies
-    if opts.plan_costs:
-        gen.costs = read_costs(opts.plan_costs)
     strategies = list(dict.fromkeys(["ar"] + opts.strategies))
     for s in strategies:
         gen.strategy(s)                  # validates early

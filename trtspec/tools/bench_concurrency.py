@@ -64,7 +64,7 @@ def run_wave(gen, prompts: list[list[int]], strategy: str, max_new: int, concurr
 
     def one(i: int) -> dict:
         t0 = time.perf_counter()
-        h = gen.submit(prompts[i], strategy=strategy, max_new_tokens=max_new)
+        h = gen.submit(prompts[i], strategy=strategy, max_new_tokens=max_new, ignore_eos=True)   # exactly max_new
         first = None
         for _ in h:
             if first is None:
@@ -102,7 +102,6 @@ def policy_summary(recs: list[dict]) -> dict:
 
 def concurrency_bench(gen, prompts: list[list[int]], strategies: list[str], levels: list[int], max_new: int,
                       log: Callable[[str], None] = print) -> list[dict]:
-    gen.stop_ids = set()                                     # every request emits exactly max_new
     if max(levels) > len(gen.slots):
         raise RequestError(f"concurrency {max(levels)} needs that many KV slots; the generator has "
                            f"{len(gen.slots)} (set slots in the config)")

@@ -51,7 +51,10 @@ def digest(run: dict) -> str:
 
 
 def _steps(result) -> list[dict]:
-    return [{k: v for k, v in s.extra.items() if k != "measured_gain"} for s in result.steps]
+    """Each step's record: its tree's size, the drafts it accepted, the draft forwards it ran, and its
+    strategy's and budget's facts (all but the measured gain, a timing)."""
+    return [{"size": s.tree_size, "accepted": s.accepted, "draft_forwards": s.draft_forwards,
+             **{k: v for k, v in s.extra.items() if k != "measured_gain"}} for s in result.steps]
 
 
 def trees() -> dict[str, dict]:

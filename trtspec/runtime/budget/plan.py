@@ -12,8 +12,9 @@ class Ledger:
     """One step's facts, each recorded once, where it happens: the value of every node that joined the
     tree (`value`: node -> value, the root's first, in the order they joined; a proposer grows its tree
     in this dict) and the rows of each draft forward (`forwards`, the first opened the tree; the draft
-    model's tree appends them). The budget owns it (a fresh one each step, at `begin`) and reads it
-    when asked (`plan`) and when the step ends (`observe`): no Round or Proposal carries them."""
+    model's tree appends them; the only count of a step's draft forwards: the step reports its
+    length). The budget owns it (a fresh one each step, at `begin`) and reads it when asked (`plan`)
+    and when the step ends (`observe`): no Round or Proposal carries them."""
     value: dict[int, float] = field(default_factory=lambda: {0: 1.0})
     forwards: list[int] = field(default_factory=list)
 

@@ -40,7 +40,6 @@ class ChainSpeculative(Strategy):
         KV was never computed), so the first call feeds every pending token with the root. Draft row
         of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
         model, budget, values, greedy = self.model, st.budget, st.values, st.sampling.greedy
-        f0 = model.forwards(st)
         yield from model.catch_up(st)
         pending = st.pending()
         logits = yield from model.extend(st, pending)
@@ -81,5 +80,5 @@ class ChainSpeculative(Strategy):
         q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs) if qs else None
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
         rows[1:fed + 1] = np.arange(len(pending), len(pending) + fed)
-        return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending), model.forwards(st) - f0,
+        return Proposal(TokenTree.chain(st.root, drafts, q_rows), rows, len(pending),
                         lambda: np.array([np.nan] + (probs if greedy or not probs else torch.stack(probs).tolist())))
