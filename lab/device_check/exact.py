@@ -39,11 +39,14 @@ from .timing import is_cuda
 
 ARCHS = ("llama", "qwen2")
 # eager per setting, and graphs for the bucketed ones; the second architecture: the plain and exact ones
-RUNS = {"llama": ("plain", "fixed", "fixed+graphs", "fixed-fp64", "fixed-fp64+graphs"),
-        "qwen2": ("plain", "fixed-fp64", "fixed-fp64+graphs")}
-# random trees per run, as a share of sizes()["trees"] (and of the trees' time): the setting the
-# product runs (fixed-fp64 as graphs) gets them all; a setting that differs shows it in a few
-TREE_WEIGHT = {"plain": 0.1, "fixed": 0.1, "fixed+graphs": 0.1, "fixed-fp64": 0.3, "fixed-fp64+graphs": 1.0}
+RUNS = {"llama": ("plain", "fixed", "fixed+graphs", "logical", "logical+graphs", "fixed-fp64", "fixed-fp64+graphs"),
+        "qwen2": ("plain", "fixed-fp64", "fixed-fp64+graphs", "logical+graphs")}
+# random trees per run, as a share of sizes()["trees"] (and of the trees' time): the product's setting
+# (fixed-fp64 as graphs) and the one to replace it (logical as graphs, issue 61) get them all; a setting
+# that differs shows it in a few
+TREE_WEIGHT = {"plain": 0.1, "fixed": 0.1, "fixed+graphs": 0.1, "logical": 0.3, "logical+graphs": 1.0,
+               "fixed-fp64": 0.3, "fixed-fp64+graphs": 1.0}
+GPU_ONLY = ("logical",)      # the Triton kernel: on a CPU only the interpreter runs it (too slow at these sizes)
 # Every tree fits the one 16-token step (the exact engine refuses a strategy whose steps do not).
 STRATEGIES = ("chain:k=4", "ngram", "staged:budget=15:stage2=false", "dyspec:budget=15", "gsd:budget=15",
               "cascade:k_draft=4", "suffix:budget=15")
@@ -54,7 +57,7 @@ def sizes(tiny: bool) -> dict:
         return dict(spec=dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2),
                     trees=40, longest=64, tokens=8, samples=150, prompts=(5, 17))
     return dict(spec=dict(vocab_size=8192, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2),
-                trees=1000, longest=4096, tokens=48, samples=2000, prompts=(7, 200, 1500))
+                trees=1000, longest=16384, tokens=48, samples=2000, prompts=(7, 200, 1500))
 
 
 def pair(arch: str, tiny: bool, device: str):
@@ -82,6 +85,8 @@ def exact(device: str, tiny: bool, deadline: float, trees: int | None = None) ->
             runs = out["archs"][arch] = {"model": {**z["spec"], "dtype": str(target.lm_head.weight.dtype)[6:]}}
         if time.monotonic() > deadline:
             runs[name] = {"skipped": "out of time"}
+        elif name.split("+")[0] in GPU_ONLY and not is_cuda(device):
+            runs[name] = {"skipped": "needs a GPU (tests/e2e/test_logical_engine.py runs it on the CPU's interpreter)"}
         else:
             setting, graphs = name.split("+")[0], name.endswith("+graphs")
             t0 = time.monotonic()

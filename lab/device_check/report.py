@@ -29,7 +29,8 @@ def _machine(m: dict, _res) -> list[str]:
 def _exact(e: dict, _res) -> list[str]:
     out = [f"Token bucket {e['token_bucket']}; trees at cached lengths 16-{_longest(e)}; settings: plain (shapes as they come), fixed (one padded "
            "step shape, the whole KV buffer, no reduced-precision reductions or split-K), fixed-fp64 (and "
-           "fp64 attention); `+graphs`: the same as CUDA graphs.", "",
+           "fp64 attention), logical (fixed's shape, attention in the model's dtype by logical order over the "
+           "KV pool in place: engines/logical_engine.py); `+graphs`: the same as CUDA graphs.", "",
            "| arch | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
            "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed rows) "
            "| graphs = eager | s |",
@@ -135,8 +136,9 @@ def _settings(r: dict, _res) -> list[str]:
         ratio = f"{x['ms'] / base:.2f}" if base else ""
         out.append(f"| {x['setting']}{'' if x['graphs'] else ' (eager)'} | {x['B']} | {x['C']} | {x['T']} | "
                    f"{x['ms']} | {ratio} |")
-    if skipped := len(r["rows"]) - len(rows):
-        out.append(f"\n{skipped} shapes skipped: out of time.")
+    for x in r["rows"]:
+        if "skipped" in x:
+            out.append(f"\n{x['setting']}" + (f" B = {x['B']}, C = {x['C']}" if "B" in x else "") + f": skipped, {x['skipped']}.")
     return out
 
 

@@ -9,6 +9,10 @@
 - `fixed-fp64`: `fixed`, and attention (with the KV cache) in float64, so a row's attention output
   does not depend on where its ancestors sit in the buffer (the CPU's exact attention). This is what
   the runtime runs a CUDA target with (engines/exact.py): the check measures the product's engine.
+- `logical`: `fixed`'s one shape and flags with attention in the model's dtype, each row's keys in
+  logical order, the KV pool read and written in place (engines/logical_engine.py, Triton; issue 61:
+  what is to replace `fixed-fp64`). Runs on a GPU only here: on a CPU the Triton interpreter is too
+  slow for these sizes (tests/e2e/test_logical_engine.py runs it on tiny ones).
 
 `+graphs` runs the same setting's steps as CUDA graphs (one per bucketed shape).
 """
@@ -22,7 +26,7 @@ from trtspec.engines.exact import matmul_flags as exact_flags
 from trtspec.engines.torch_engine import TorchEngine
 from trtspec.export.model import Decoder
 
-SETTINGS = ("plain", "fixed", "fixed-fp64")
+SETTINGS = ("plain", "fixed", "fixed-fp64", "logical")
 
 
 def buckets(setting: str, capacity: int) -> dict | None:
@@ -38,6 +42,9 @@ def engine(model: Decoder, setting: str, device: str, graphs: bool = False, own_
 
     if setting == "fixed-fp64":
         return exact_engine(make, copy.deepcopy(model) if own_copy else model)
+    if setting == "logical":
+        from trtspec.engines.logical_engine import LogicalTorchEngine
+        return LogicalTorchEngine(model, device, cuda_graphs=graphs)
     eng = make(model)
     if setting == "fixed":
         eng.fixed_rows = eng.exact = True      # padded logit rows, and every step under the cuBLAS flags

@@ -33,6 +33,8 @@ def test_a_gpu_target_gets_one_step_shape_and_refuses_what_does_not_fit():
     c = cfg(device="cuda", strategy="chain")
     assert c.exact and c.step_buckets() == {"tokens": [TOKENS], "cache": [c.max_seq_len]} and c.max_step() == TOKENS
     assert cfg(device="cuda", strategy="chain", buckets={"tokens": [32]}).max_step() == 32
+    logical = cfg(device="cuda", strategy="chain", exactness="logical")     # the same shape, attention by logical order
+    assert logical.exact and logical.step_buckets() == c.step_buckets()
     plain = cfg(device="cuda", strategy="staged", exactness="plain")        # the opt-out: shapes as they come
     assert not plain.exact and plain.step_buckets() == {"tokens": [], "cache": []}
     assert not cfg(strategy="staged").exact                                   # a CPU target: unchanged
@@ -98,11 +100,14 @@ def test_a_grammars_forced_tokens_stay_within_the_step(exact_gen, monkeypatch):
 def test_the_loader_builds_the_exact_target(torch_folder):
     m = verify(torch_folder)
     info = m["models"]["target"]
-    eng = load_engine(torch_folder, "target", info, "torch", LoadOptions(device="cpu", exact=True))
+    eng = load_engine(torch_folder, "target", info, "torch", LoadOptions(device="cpu", exact="fixed-fp64"))
+    logical = load_engine(torch_folder, "target", info, "torch", LoadOptions(device="cpu", exact="logical"))
     plain = load_engine(torch_folder, "target", info, "torch", LoadOptions(device="cpu"))
     try:
         assert eng.exact and eng.fixed_rows and eng.kv_dtype == torch.float64
+        assert type(logical).__name__ == "LogicalTorchEngine" and logical.exact and logical.fixed_rows
+        assert logical.kv_dtype == plain.kv_dtype != torch.float64        # the model's own dtype
         assert not plain.exact and not getattr(plain, "fixed_rows", False) and plain.kv_dtype != torch.float64
     finally:
-        eng.close()
-        plain.close()
+        for e in (eng, logical, plain):
+            e.close()

@@ -24,7 +24,7 @@ class LoadOptions:
     device: str = "cpu"
     cuda_graphs: bool = False
     profile_prefix: str | None = None  # ONNX Runtime's profiler (stepcost --profile)
-    exact: bool = False               # a torch target exact by one step shape (engines/exact.py)
+    exact: str = ""                   # a torch target exact by one step shape: config.exactness ("": not)
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,9 @@ def _load_torch(folder: Path, role: str, info: dict, opts: LoadOptions) -> "Engi
     def build(m):
         return make(m, opts.device)
 
+    if opts.exact == "logical":
+        from ..engines.logical_engine import LogicalTorchEngine
+        return LogicalTorchEngine(model, opts.device, cuda_graphs=opts.cuda_graphs)
     if opts.exact:
         from ..engines.exact import exact_engine
         return exact_engine(build, model)

@@ -134,9 +134,12 @@ class Config(Strict):
     device: Literal["cpu", "cuda"] = "cpu"          # torch backend
     cuda_graphs: bool = False                       # one graph per step shape (use with buckets)
     # A torch target on a GPU: `fixed-fp64` runs every decode step at one padded shape with fp64
-    # attention and no split-K (engines/exact.py: lossless there, measured); `plain` lets each step
-    # take its own shape (faster, not lossless: GPU kernels differ by shape). No effect on a CPU.
-    exactness: Literal["fixed-fp64", "plain"] = "fixed-fp64"
+    # attention and no split-K (engines/exact.py: lossless there, measured); `logical` the same shape
+    # with attention in the model's dtype, each row's keys in logical order, the KV pool read in place
+    # (engines/logical_engine.py, Triton: exact by construction, checked on the CPU's interpreter, not
+    # yet measured on a GPU); `plain` lets each step take its own shape (faster, not lossless: GPU
+    # kernels differ by shape). No effect on a CPU.
+    exactness: Literal["fixed-fp64", "logical", "plain"] = "fixed-fp64"
     max_seq_len: Annotated[int, Field(ge=16, le=1 << 20)] = 2048
     slots: Annotated[int, Field(ge=1, le=256)] = 4     # requests served at once (KV slots, batch rows)
     # prompt tokens kept per model across requests (prefix caching; default max_seq_len, 0 = off)
@@ -197,7 +200,7 @@ class Config(Strict):
                              "onnxruntime (or tensorrt), or remove head")
         if self.exact and (len(self.buckets.tokens) > 1 or len(self.buckets.cache) > 1):
             raise ValueError(f"buckets {self.buckets.model_dump()}: on device: cuda every target step runs at one "
-                             "shape (exactness: fixed-fp64, lossless there); give buckets.tokens and buckets.cache "
+                             f"shape (exactness: {self.exactness}, lossless there); give buckets.tokens and buckets.cache "
                              "one size each (or none: 16 tokens, max_seq_len), or set exactness: plain (faster, "
                              "not lossless on a GPU)")
         if self.buckets.cache and max(self.buckets.cache) > self.max_seq_len:
@@ -227,7 +230,7 @@ class Config(Strict):
             if self.exact and strat.max_tree_size() > self.max_step():
                 raise ValueError(f"strategies.{name}: one step can send {strat.max_tree_size()} tokens to the target; "
                                  f"on device: cuda every target step runs at one {self.max_step()}-token shape "
-                                 "(exactness: fixed-fp64, lossless there); lower its budget / max_budget (and "
+                                 f"(exactness: {self.exactness}, lossless there); lower its budget / max_budget (and "
                                  "max_rounds x stage2_len, or stage2: false), give buckets.tokens one larger size, "
                                  "or set exactness: plain (faster, not lossless on a GPU)")
             need = 2 + strat.max_rows()               # a prompt token, a new token, the largest step
@@ -245,8 +248,9 @@ class Config(Strict):
 
     @property
     def exact(self) -> bool:
-        """Whether the target runs exact by one step shape (engines/exact.py): a torch target on a GPU."""
-        return self.device == "cuda" and self.backend == "torch" and self.exactness == "fixed-fp64"
+        """Whether the target runs exact by one step shape (engines/exact.py, logical_engine.py): a torch
+        target on a GPU."""
+        return self.device == "cuda" and self.backend == "torch" and self.exactness != "plain"
 
     def step_buckets(self) -> dict:
         """The Batchers' buckets: the configured ones, or for an exact target its one token bucket

@@ -83,7 +83,7 @@ def load_role(folder: Path, role: str, manifest: dict, cfg: Config, backend: str
     """The engine of `role` as the config runs it (device, CUDA graphs, a torch draft's int8, a GPU
     target exact by one step shape)."""
     quantize = cfg.draft.quantize if role == "draft" else "none"
-    exact = role == "target" and cfg.exact            # (cfg is the run backend's: open_folder)
+    exact = cfg.exactness if role == "target" and cfg.exact else ""     # (cfg is the run backend's: open_folder)
     return load_engine(folder, role, manifest["models"][role], backend,
                        LoadOptions(threads, quantize, cfg.device, cfg.cuda_graphs, profile_prefix, exact))
 

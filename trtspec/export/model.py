@@ -81,14 +81,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
         self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, mask_add, past_k, past_v):
-        # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
-        b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
+    def project(self, x, cos, sin):
+        """q [B, T, H, D], k and v [B, T, Hkv, D] of the rows `x`, rotary applied to q and k."""
+        b, t = x.shape[0], x.shape[1]
         q = self.q_proj(x).view(b, t, self.h, self.d)
         k = self.k_proj(x).view(b, t, self.kv, self.d)
         v = self.v_proj(x).view(b, t, self.kv, self.d)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
+
+    def forward(self, x, cos, sin, mask_add, past_k, past_v):
+        # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
+        b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
+        q, k, v = self.project(x, cos, sin)
         out_dtype = x.dtype
         if self.acc is not None:              # exact upcasts: the rows' values are the fp32 ones
             q, k, v = q.to(self.acc), k.to(self.acc), v.to(self.acc)
@@ -172,7 +176,10 @@ class Decoder(nn.Module):
             layer.self_attn.acc = dtype
         return self
 
-    def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor]):
+    def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor], attend=None):
+        """The step contract's forward. `attend(layer, q, k, v)` (an engine's, not exported): attention
+        done elsewhere, the new rows' KV kept there (engines/logical_engine.py: the pool, in place);
+        it returns [B, T, H*D], `past` is not read and no new KV is returned."""
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, D/2], fp32 like HF
         emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, D]
@@ -183,11 +190,16 @@ class Decoder(nn.Module):
         new_kv: list[torch.Tensor] = []
         n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):
-            ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
-            h, k, v = layer.self_attn(layer.input_layernorm(x), cos, sin, mask_add, ks, vs)
-            x = x + h
+            y = layer.input_layernorm(x)
+            if attend is not None:
+                attn = layer.self_attn
+                x = x + attn.o_proj(attend(i, *attn.project(y, cos, sin)))
+            else:
+                ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
+                h, k, v = layer.self_attn(y, cos, sin, mask_add, ks, vs)
+                x = x + h
+                new_kv += [*k, *v]
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-            new_kv += [*k, *v]
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
         x = self.model.norm(torch.gather(x, 1, rows))
         if self.hidden_rows:

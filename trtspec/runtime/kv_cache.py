@@ -54,16 +54,20 @@ class KVPool:
                  device: str | torch.device = "cpu"):
         self.spec, self.capacity = spec, capacity
         self.buf = zeros((spec.num_layers, 2, slots, spec.num_kv_heads, capacity, spec.head_dim), dtype, device)
-        self.caches = [KVCache(spec, capacity, self.buf[:, :, i]) for i in range(slots)]
+        self.caches = [KVCache(spec, capacity, self.buf[:, :, i], pool=self.buf, slot=i) for i in range(slots)]
 
 
 class KVCache:
     """One slot of a KVPool: `buf[L, 2, Hkv, S, D]` (a view; each [l, j, h] block is contiguous)."""
 
-    def __init__(self, spec: ModelSpec, capacity: int, buf: torch.Tensor):
+    def __init__(self, spec: ModelSpec, capacity: int, buf: torch.Tensor, pool: torch.Tensor | None = None,
+                 slot: int = 0):
         self.spec = spec
         self.capacity = capacity
         self.buf = buf
+        # The whole pool's buffer and this slot's index in it: an engine that reads the pool in place
+        # by slot (engines/logical_engine.py) finds the slot there. Fixed for the cache's life.
+        self.pool, self.slot = (buf.unsqueeze(2) if pool is None else pool), slot
         # The [S, D] block of every (layer, key/value, head), in the step contract's order (views)
         self.blocks = [buf[l, j, h] for l in range(spec.num_layers) for j in (0, 1) for h in range(spec.num_kv_heads)]
         self.length = 0    # committed rows
