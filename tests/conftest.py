@@ -113,10 +113,11 @@ def llama_pair() -> TinyPair:
 
 @pytest.fixture(scope="session")
 def arch_pairs(llama_pair) -> dict[str, TinyPair]:
-    """llama, qwen2 (attention bias) and mistral tiny pairs, vocab 512."""
+    """llama, qwen2 (attention bias), mistral and qwen3 (q/k norms) tiny pairs, vocab 512."""
     return {"llama": llama_pair,
             "qwen2": make_pair("qwen2", vocab_size=512, num_layers=2, seed=1),
-            "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2)}
+            "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2),
+            "qwen3": make_pair("qwen3", vocab_size=512, num_layers=2, seed=3)}
 
 
 @pytest.fixture(scope="session")

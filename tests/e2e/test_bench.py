@@ -379,7 +379,8 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
 
 
 @pytest.mark.parametrize("arch,tie,rope", [("llama", False, LLAMA3), ("qwen2", True, None),
-                                           ("mistral", False, {"type": "linear", "factor": 2.0})])
+                                           ("mistral", False, {"type": "linear", "factor": 2.0}),
+                                           ("qwen3", True, None)])
 def test_hf_converter_matches_decoder(arch, tie, rope):
     from conftest import reference_logits
     from trtspec.export.model import Decoder

@@ -19,7 +19,8 @@ Q = gguf.GGMLQuantizationType
 HF_TO_GGUF = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-              "post_attention_layernorm": "ffn_norm"}
+              "post_attention_layernorm": "ffn_norm", "self_attn.q_norm": "attn_q_norm",
+              "self_attn.k_norm": "attn_k_norm"}
 
 
 def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -65,8 +66,8 @@ def write_gguf(path, arch: str, cfg, tensors: dict[str, np.ndarray], raw: dict[s
 
 
 def tiny_hf(arch: str, **kw):
-    cfg_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"),
-                          "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}[arch]
+    cfg_cls, model_cls = {"llama": ("LlamaConfig", "LlamaForCausalLM"), "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                          "qwen3": ("Qwen3Config", "Qwen3ForCausalLM")}[arch]
     cfg = getattr(transformers, cfg_cls)(**{
         **dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5,
@@ -84,11 +85,13 @@ def tiny_hf(arch: str, **kw):
 TOKENS = [3, 17, 42, 5, 96, 0, 61, 8, 23, 77, 12, 40, 9, 33, 1, 50]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_f32_gguf_gives_back_hf_weights_and_logits(tmp_path, arch):
-    """Weights written the way llama.cpp's converter writes them (q/k permuted for llama only) load back
-    bit-exact under HF names, and the Decoder reproduces transformers' logits."""
-    cfg, model = tiny_hf(arch, tie_word_embeddings=arch == "qwen2")
+    """Weights written the way llama.cpp's converter writes them (q/k permuted for llama only; qwen3's
+    per-head q/k norms as attn_q_norm / attn_k_norm) load back bit-exact under HF names, and the
+    Decoder reproduces transformers' logits."""
+    tie = arch != "llama"
+    cfg, model = tiny_hf(arch, tie_word_embeddings=tie, **({"head_dim": 16} if arch == "qwen3" else {}))
     hf_state = {k: v for k, v in model.state_dict().items() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
     tensors = {}
     for k, v in hf_state.items():
@@ -105,7 +108,7 @@ def test_f32_gguf_gives_back_hf_weights_and_logits(tmp_path, arch):
         assert not np.array_equal(tensors["blk.0.attn_q.weight"], q)
 
     spec, state = load_checkpoint(path)
-    assert (spec.arch, spec.attention_bias, spec.tie_word_embeddings) == (arch, arch == "qwen2", arch == "qwen2")
+    assert (spec.arch, spec.attention_bias, spec.tie_word_embeddings) == (arch, arch == "qwen2", tie)
     assert (spec.vocab_size, spec.head_dim, spec.num_kv_heads, spec.extra["eos_token_ids"]) == (97, 16, 2, [2])
     assert state.keys() == hf_state.keys()
     for k, v in hf_state.items():
@@ -206,7 +209,8 @@ def test_unsupported_gguf_architecture(tmp_path):
     cfg, model = tiny_hf("llama")
     path = tmp_path / "gpt2.gguf"
     write_gguf(path, "gpt2", cfg, {"token_embd.weight": model.state_dict()["model.embed_tokens.weight"].numpy()})
-    with pytest.raises(SpecError, match="unsupported GGUF architecture 'gpt2'.*pick a Llama, Mistral or Qwen2"):
+    with pytest.raises(SpecError, match="unsupported GGUF architecture 'gpt2'.*reads llama, qwen2, qwen3 GGUF "
+                                        "files; pick a model of one of those families"):
         load_checkpoint(path)
 
 

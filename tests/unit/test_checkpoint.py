@@ -28,6 +28,9 @@ CASES = {
     # head_dim (32) != hidden / heads (16)
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(head_dim=32, sliding_window=None,
                                                            tie_word_embeddings=False)),
+    # per-head q/k RMSNorm before rotary, no biases, head_dim (32) from the config, tied embeddings
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
 }
 
 
@@ -36,10 +39,12 @@ def hf_model(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     cfg = getattr(transformers, cfg_cls)(**BASE, **extra)
     model = getattr(transformers, model_cls)(cfg).eval()
-    with torch.no_grad():  # random (not zero) biases so that a dropped bias is noticed
+    with torch.no_grad():  # random biases and norm weights (not zeros and ones): a dropped one is noticed
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0, 0.5)
+            elif name.endswith("norm.weight"):
+                p.normal_(1, 0.3)
     return model
 
 
@@ -68,6 +73,29 @@ def test_hf_round_trip_matches_transformers(saved, arch):
         ref = model(torch.tensor([tokens])).logits[0].float()
     ours = reference_logits(dec, tokens)
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_every_model_family_is_checked_against_transformers():
+    from trtspec.export.families import FAMILIES
+    assert set(CASES) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("arch", list(CASES))
+def test_greedy_output_equals_transformers_over_64_tokens(saved, arch):
+    """Decode, not only the prompt: our Generator's greedy tokens against transformers' generate."""
+    from trtspec.engines.torch_engine import TorchEngine
+    from trtspec.runtime.generator import Generator
+    folder, model = saved[arch]
+    prompt = [3, 17, 42, 5, 96, 0, 61, 8]
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
+                             min_new_tokens=64, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    gen = Generator(TorchEngine(load_decoder(folder)), capacity=128)
+    try:
+        assert gen.generate(prompt, strategy="ar", max_new_tokens=64).token_ids == ref
+    finally:
+        gen.close()
 
 
 def test_bf16_load_converts_every_tensor(saved):

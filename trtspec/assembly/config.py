@@ -42,7 +42,7 @@ __all__ = ["CONFIGS_DIR", "Config", "ConfigError", "HeadEntry", "ModelEntry", "B
 
 class TinyOptions(Strict):
     """`tiny:SEED` model shape overrides (smoke tests): bounded so a typo cannot ask for a giant model."""
-    arch: Literal["llama", "qwen2", "mistral"] = "llama"
+    arch: str = "llama"                              # a family in export/families/
     vocab_size: Annotated[int, Field(ge=16, le=65536)] = 512
     hidden_size: Annotated[int, Field(ge=8, le=1024)] = 64
     num_layers: Annotated[int, Field(ge=1, le=8)] = 2
@@ -52,6 +52,9 @@ class TinyOptions(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> "TinyOptions":
+        from ..export.families import FAMILIES
+        if self.arch not in FAMILIES:
+            raise ValueError(f"arch {self.arch!r} is not a model family trtspec builds ({', '.join(FAMILIES)})")
         if self.hidden_size % (2 * self.num_heads):
             raise ValueError(f"hidden_size {self.hidden_size} must be a multiple of 2 x num_heads ({self.num_heads}) "
                              "(an even head size for RoPE)")

@@ -22,7 +22,7 @@ KV is read where it lies: `k`, `v` are one layer's [slots, Hkv, S, D] views of t
 (runtime/kv_cache.py KVPool.buf[l, 0] and [l, 1]), indexed by each row's slot. The grid is fixed by
 the rows, the KV heads and the capacity's splits, so one CUDA graph serves every cached length.
 
-Tested on the CPU under TRITON_INTERPRET=1 (tests/integration/test_logical_attention.py): the
+Tested on the CPU under TRITON_INTERPRET=1 (tests/e2e/test_logical_attention.py): the
 interpreter checks the order of the arithmetic; a GPU run confirms it on the hardware
 (lab/device_check). `order="physical"` is the kernel people write (the step's rows as they lie, the
 others masked in place), kept so the tests can show that it differs.
@@ -34,7 +34,7 @@ import math
 import torch
 
 CHUNK = 64           # logical positions per inner block
-SPLIT = 1024         # logical positions per program (a multiple of CHUNK): fixed split boundaries
+SPLIT = 256          # logical positions per program (a multiple of CHUNK): fixed split boundaries
 
 
 def _kernels():

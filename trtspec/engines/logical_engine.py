@@ -107,8 +107,9 @@ class _Shape:
 
     def load(self, caches: list[KVCache], ids, pos, mask, rows) -> None:
         """This step's inputs into the static buffers, and each row's keys from the mask: the slot's
-        committed prefix, then the visible rows after it in ascending order (mask columns before
-        `width - t` are pool rows as they lie, the rest the step's new rows at `used` + i)."""
+        committed prefix (none for a pad row), then the visible rows after it in ascending order (mask
+        columns before `width - t` are pool rows as they lie, the rest the step's new rows at
+        `used` + i)."""
         b, t, past = self.b, self.t, self.width - self.t
         dev = self.ids.device
         self.ids.copy_(ids)
@@ -119,10 +120,13 @@ class _Shape:
         used = torch.tensor([c.used for c in caches], device=dev)
         self.slot.copy_(torch.tensor([c.slot for c in caches], device=dev).repeat_interleave(t))
         self.write.copy_((used[:, None] + self._iota).flatten())
-        self.prefix.copy_(length.repeat_interleave(t))
         cols = self._cols
+        # a row sees its slot's committed prefix unless it is a pad row (it sees itself only): those
+        # read one key, not the whole prefix
+        sees = self.mask.gather(-1, (length - 1).clamp(min=0)[:, None, None].expand(b, t, 1))[..., 0]
+        self.prefix.copy_(torch.where(sees & (length > 0)[:, None], length[:, None], 0).flatten())
         phys = torch.where(cols < past, cols, used[:, None] + cols - past)           # [B, W] pool rows
-        after = self.mask & (cols >= length[:, None])[:, None, :]                    # [B, T, W]
+        after = self.mask & (cols >= self.prefix.view(b, t, 1))                       # [B, T, W]
         rank = after.cumsum(-1) - 1
         n = self.tail.shape[1]
         out = torch.full((b, t, n + 1), -1, dtype=torch.int64, device=dev)

@@ -8,7 +8,8 @@ the whole model. Two llama.cpp conventions are undone:
     exactly like torch's nn.Linear weight.
   * rope layout: for the `llama` architecture (Mistral included) the converter permutes the rows of
     attn_q / attn_k so that llama.cpp's interleaved (GPT-J style) rope works; our Decoder, like HF,
-    uses rotate_half (NEOX style), so the permutation is reversed. Qwen2 is stored NEOX-style.
+    uses rotate_half (NEOX style), so the permutation is reversed (a family's `gguf_rope_permuted`).
+    Qwen2 and Qwen3 are stored NEOX-style.
 A file cut short (a partial download or a missing pack part) is caught from the tensor table
 before any data is read, as one SpecError.
 """
@@ -27,9 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from .families import FAMILIES, by_gguf
 from .spec import ModelSpec, SpecError
 
-GGUF_ARCHS = ("llama", "qwen2")
+GGUF_ARCHS = tuple(f.gguf for f in FAMILIES.values() if f.gguf)
 # Arrays with one entry per token: only their length is ever needed here, and decoding 150k strings
 # from the memmap costs seconds.
 _TOKEN_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
@@ -39,6 +41,7 @@ _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -195,7 +198,7 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     arch = meta.get("general.architecture")
     if arch not in GGUF_ARCHS:
         raise SpecError(f"unsupported GGUF architecture {arch!r} (general.architecture): trtspec reads "
-                        f"{', '.join(GGUF_ARCHS)} GGUF files; pick a Llama, Mistral or Qwen2 model")
+                        f"{', '.join(GGUF_ARCHS)} GGUF files; pick a model of one of those families")
     shapes = {t.name: t.shape for t in gf.tensors}
 
     def get(key: str, default: Any = None) -> Any:
@@ -224,7 +227,7 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     name = str(meta.get("general.name") or "")
     spec = ModelSpec(
         # llama.cpp writes Mistral as `llama` (transformers tells them apart by name the same way).
-        arch="mistral" if arch == "llama" and "mistral" in name.lower() else arch,
+        arch="mistral" if arch == "llama" and "mistral" in name.lower() else by_gguf(arch).name,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
@@ -330,7 +333,7 @@ def _load_gguf(path, dtype, threads):
         raise
     except (TypeError, ValueError, ArithmeticError) as e:   # a metadata value of the wrong type or range (0 heads)
         raise _corrupt(Path(path), f"a metadata value is out of range or of the wrong type ({e})") from None
-    permuted = spec.extra["gguf_arch"] == "llama"
+    permuted = by_gguf(spec.extra["gguf_arch"]).gguf_rope_permuted
     wanted = [(t, hf_name(t.name)) for t in gf.tensors]
     wanted = [(t, name) for t, name in wanted if name is not None]  # e.g. rope_freqs: folded into the spec
 

@@ -1,4 +1,4 @@
-"""A lean decoder (Llama / Qwen2 / Mistral) whose single forward is the trtspec step contract (v3).
+"""A lean decoder (every family in export/families/) whose single forward is the trtspec step contract (v3).
 
     forward(input_ids[B, T], position_ids[B, T], attn_mask[B, T, C+T], logit_rows[B, R],
             past[2L*Hkv x (B, C, D)]) -> logits[B, R, V] (float32), new_kv[2L*Hkv x (B, T, D)]
@@ -80,6 +80,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
         self.v_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
         self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
+        if spec.family.qk_norm:                    # Qwen3: each head of q and of k normed before rotary
+            self.q_norm, self.k_norm = RMSNorm(d, spec.rms_norm_eps), RMSNorm(d, spec.rms_norm_eps)
 
     def project(self, x, cos, sin):
         """q [B, T, H, D], k and v [B, T, Hkv, D] of the rows `x`, rotary applied to q and k."""
@@ -87,6 +89,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.h, self.d)
         k = self.k_proj(x).view(b, t, self.kv, self.d)
         v = self.v_proj(x).view(b, t, self.kv, self.d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def forward(self, x, cos, sin, mask_add, past_k, past_v):

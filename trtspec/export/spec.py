@@ -1,7 +1,8 @@
 """ModelSpec: the architecture facts every stage needs (export, engines, runtime).
 
-One dataclass for Llama, Qwen2 and Mistral: they differ only in flags (attention bias, tied
-embeddings, rope scaling), so the decoder is one class and the loaders fill this in.
+One dataclass for every family (export/families/: Llama, Qwen2, Mistral, Qwen3): they differ in
+flags (attention bias, q/k norms, tied embeddings, rope scaling), so the decoder is one class and
+the loaders fill this in; `spec.family` holds the family's own facts.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from typing import Any
 import torch
 
 from ..errors import TrtspecError
+from .families import FAMILIES, Family, by_hf_type
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}   # config names -> torch
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "mistral")
+SUPPORTED_ARCHS = tuple(FAMILIES)
 
 
 class SpecError(TrtspecError, ValueError):
@@ -58,12 +60,16 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise SpecError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
 
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.arch]
+
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelSpec":
         """Build from a Hugging Face config.json dict."""
         model_type = cfg.get("model_type", "")
-        arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "mistral"}.get(model_type)
-        if arch is None:
+        family = by_hf_type(model_type)
+        if family is None:
             raise SpecError(
                 f"unsupported architecture {model_type!r} (config.json model_type): trtspec supports "
                 f"{', '.join(SUPPORTED_ARCHS)}")
@@ -77,7 +83,7 @@ class ModelSpec:
             if params.get("rope_type", "default") != "default":
                 rope_scaling = rope_scaling or params
         return cls(
-            arch=arch,
+            arch=family.name,
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
             intermediate_size=cfg["intermediate_size"],
@@ -88,7 +94,7 @@ class ModelSpec:
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta or 10000.0),
             rope_scaling=rope_scaling,
-            attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            attention_bias=bool(cfg.get("attention_bias", family.attention_bias)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         )

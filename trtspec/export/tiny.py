@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .families import FAMILIES
 from .model import Decoder
 from .spec import ModelSpec
 
@@ -18,7 +19,8 @@ def tiny_spec(arch: str = "llama", vocab_size: int = 512, hidden_size: int = 64,
     return ModelSpec(arch=arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                      num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                      head_dim=hidden_size // num_heads, rope_theta=10000.0,
-                     attention_bias=arch == "qwen2", tie_word_embeddings=tie, max_position_embeddings=4096)
+                     attention_bias=FAMILIES[arch].attention_bias, tie_word_embeddings=tie,
+                     max_position_embeddings=4096)
 
 
 def random_state(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:

@@ -39,7 +39,7 @@ def rope_parameters(spec: ModelSpec) -> dict:
 
 
 def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
-    """A transformers LlamaConfig / Qwen2Config / MistralConfig equivalent to our ModelSpec."""
+    """The transformers config (the family's `hf_config` class) equivalent to our ModelSpec."""
     import transformers
 
     common = dict(
@@ -49,18 +49,10 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
         rope_parameters=rope_parameters(spec), tie_word_embeddings=spec.tie_word_embeddings,
         max_position_embeddings=spec.max_position_embeddings, hidden_act="silu", use_cache=True,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype=dtype)
-    if spec.arch == "llama":
-        return transformers.LlamaConfig(**common, attention_bias=spec.attention_bias, mlp_bias=False)
-    if spec.arch == "qwen2":
-        if not spec.attention_bias:
-            raise SpecError("a qwen2 spec without attention bias has no transformers equivalent (Qwen2 always "
-                            "has q/k/v biases)")
-        return transformers.Qwen2Config(**common, use_sliding_window=False, sliding_window=None)
-    if spec.arch == "mistral":
-        if spec.attention_bias:
-            raise SpecError("a mistral spec with attention bias has no transformers equivalent")
-        return transformers.MistralConfig(**common, sliding_window=None)
-    raise SpecError(f"no transformers peer for architecture {spec.arch!r}")
+    extra = spec.family.hf_extra(spec)
+    if isinstance(extra, str):                     # the spec has no transformers equivalent: why
+        raise SpecError(extra)
+    return getattr(transformers, spec.family.hf_config)(**common, **extra)
 
 
 @torch.no_grad()
@@ -69,8 +61,7 @@ def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: 
     import transformers
 
     cfg = hf_config(spec, dtype)
-    cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "mistral": transformers.MistralForCausalLM}[spec.arch]
+    cls = getattr(transformers, spec.family.hf_model)
     state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if spec.tie_word_embeddings:
         state.pop("lm_head.weight", None)

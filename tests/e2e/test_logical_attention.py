@@ -17,6 +17,7 @@ import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")      # before triton is imported: kernels run on the CPU
 pytest.importorskip("triton")
+pytestmark = pytest.mark.slow              # the interpreter runs each program in numpy: ~30 s here
 
 from trtspec.engines.logical_attention import logical_attention  # noqa: E402
 
