@@ -98,6 +98,35 @@ def test_greedy_output_equals_transformers_over_64_tokens(saved, arch):
         gen.close()
 
 
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 16,
+     "beta_fast": 16, "beta_slow": 2, "mscale": 0.8, "mscale_all_dim": 0.5, "truncate": False}],
+    ids=["yarn", "yarn-mscale"])
+def test_yarn_rope_matches_transformers(tmp_path, rope):
+    """YaRN's frequencies and attention factor, over a prompt past the original context."""
+    torch.manual_seed(1)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**BASE, "max_position_embeddings": 64},
+                                                                   head_dim=16, rope_parameters=rope)).eval()
+    model.save_pretrained(tmp_path)
+    dec = load_decoder(tmp_path)
+    assert dec.spec.rope_scaling["rope_type"] == "yarn" and dec.rope_scale != 1.0
+    tokens = [(7 * i + 3) % 97 for i in range(40)]
+    with torch.no_grad():
+        ref = model(torch.tensor([tokens])).logits[0].float()
+    assert (reference_logits(dec, tokens) - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_dynamic_rope_is_refused_in_one_line(saved, tmp_path):
+    folder = _copy(saved["llama"][0], tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match="rope scaling type 'dynamic' is not supported") as e:
+        load_decoder(folder)
+    assert "\n" not in str(e.value)
+
+
 def test_bf16_load_converts_every_tensor(saved):
     spec, state = load_checkpoint(saved["qwen2"][0], dtype=torch.bfloat16)
     assert spec.attention_bias and spec.tie_word_embeddings

@@ -34,6 +34,8 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
         pass
     elif kind == "linear":
         inv = inv / float(rs["factor"])
+    elif kind == "yarn":
+        inv = _yarn(spec, rs, d)
     elif kind == "llama3":
         factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
         old = float(rs["original_max_position_embeddings"])
@@ -43,9 +45,57 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
         mid = (1 - smooth) * scaled / factor + smooth * scaled
         is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         inv = torch.where(is_mid, mid, scaled)
+    elif kind == "dynamic":
+        raise SpecError("rope scaling type 'dynamic' is not supported: its frequencies follow the longest position "
+                        "of each forward, so a token's rotation would depend on what it is computed with and "
+                        "speculation could not be lossless; use the model's yarn or linear scaling, or none")
     else:
-        raise SpecError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3)")
+        raise SpecError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)")
     return inv.float()
+
+
+def rope_attention_factor(spec: ModelSpec) -> float:
+    """What cos and sin are multiplied by (yarn's attention factor; 1 otherwise), as transformers does."""
+    rs = spec.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) != "yarn":
+        return 1.0
+    if rs.get("attention_factor") is not None:
+        return float(rs["attention_factor"])
+    factor = _yarn_factor(spec, rs)
+    mscale, all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
+    if mscale and all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_factor(spec: ModelSpec, rs: dict) -> float:
+    old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
+    return float(rs["factor"]) if rs.get("factor") is not None else spec.max_position_embeddings / old
+
+
+def _yarn(spec: ModelSpec, rs: dict, d: int) -> torch.Tensor:
+    """YaRN's frequencies (transformers' _compute_yarn_parameters, in float32 as it computes them):
+    interpolated below the ramp, extrapolated above it."""
+    base, factor = spec.rope_theta, _yarn_factor(spec, rs)
+    old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
+    fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
+
+    def dim_of(rotations):
+        return (d * math.log(old / (rotations * 2 * math.pi))) / (2 * math.log(base))
+    low, high = dim_of(fast), dim_of(slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos = base ** (torch.arange(0, d, 2, dtype=torch.float) / d)
+    extra = 1 - ramp
+    return (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra
 
 
 class RMSNorm(nn.Module):
@@ -163,6 +213,7 @@ class Decoder(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
+        self.rope_scale = rope_attention_factor(spec)          # yarn's; 1.0 leaves the graph as it was
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -187,7 +238,10 @@ class Decoder(nn.Module):
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
         freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, D/2], fp32 like HF
         emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.rope_scale != 1.0:
+            cos, sin = cos * self.rope_scale, sin * self.rope_scale
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         # Additive mask in fp32, [B, 1, 1, T, C+T]; a large finite negative keeps fully masked
         # (padding) rows finite.
         mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)[:, None, None]
