@@ -19,8 +19,11 @@ under TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
+from ..errors import ConfigError
 from ..export.model import Decoder
 from ..runtime.kv_cache import KVCache
 from .cuda_graphs import capture
@@ -36,6 +39,9 @@ class LogicalTorchEngine(TorchEngine):
     logits_in_own_buffer = True
 
     def __init__(self, model: Decoder, device: str = "cpu", cuda_graphs: bool = False):
+        if importlib.util.find_spec("triton") is None:
+            raise ConfigError("exactness: logical runs a Triton kernel and triton is not installed; "
+                              "pip install triton (it comes with torch's CUDA builds), or set exactness: fixed-fp64")
         super().__init__(model, device)
         self.cuda_graphs = cuda_graphs and str(device).startswith("cuda") and torch.cuda.is_available()
         self.shapes: dict[tuple, "_Shape"] = {}
