@@ -133,6 +133,18 @@ def test_cli_bad_input_one_line(args, words):
     assert words in res.output and "Traceback" not in res.output
 
 
+def test_a_shipped_config_without_its_weights_is_refused_in_one_line(tmp_path, monkeypatch):
+    """qwen3-8b ships as a config only: built where its folders are not, one line names the path and
+    the fix, exit 1, and no output folder is left behind."""
+    monkeypatch.setenv("HOME", str(tmp_path))                      # ~/models/... is not there
+    res = CliRunner().invoke(main, ["build", "--config", "qwen3-8b", "--output", str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    line = res.output.strip()
+    assert "\n" not in line and "Traceback" not in line, res.output
+    assert f"model path {tmp_path}/models/Qwen3-8B does not exist" in line and "point the config's model:" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_prompt_too_long(engines):
     res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "x = 1\n" * 400,
                                     "--max-new-tokens", "200"])

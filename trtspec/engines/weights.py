@@ -214,6 +214,9 @@ def describe(ref: str) -> tuple[ModelSpec, dict[str, tuple[tuple[int, ...], str]
     from ..export.gguf_loader import GGUFFile, hf_name, spec_from_gguf
     from ..export.packs import source_files
     files, _ = source_files(ref)
+    if not files and not str(ref).startswith("pack:") and not Path(ref).expanduser().exists():
+        raise SpecError(f"model path {Path(ref).expanduser()} does not exist; put the model's Hugging Face folder "
+                        "(config.json + *.safetensors) or .gguf file there, or point the config's model: at yours")
     if not files:
         raise SpecError(f"model {ref} has no weight files")
     if files[0].suffix != ".safetensors":
