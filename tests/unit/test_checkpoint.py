@@ -118,10 +118,8 @@ def test_yarn_rope_matches_transformers(tmp_path, rope):
 
 
 def test_dynamic_rope_is_refused_in_one_line(saved, tmp_path):
-    folder = _copy(saved["llama"][0], tmp_path / "m")
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
-    (folder / "config.json").write_text(json.dumps(cfg))
+    folder = _edited(saved["llama"][0], tmp_path / "m",
+                     rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(SpecError, match="rope scaling type 'dynamic' is not supported") as e:
         load_decoder(folder)
     assert "\n" not in str(e.value)
@@ -139,6 +137,14 @@ def _copy(folder: Path, dest: Path, skip: tuple[str, ...] = ()) -> Path:
     for f in folder.iterdir():
         if f.name not in skip:
             (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
+def _edited(folder: Path, dest: Path, **config) -> Path:
+    """A copy of `folder` whose config.json has `config`'s keys changed."""
+    dest = _copy(folder, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, **config}))
     return dest
 
 
@@ -169,25 +175,19 @@ def test_missing_shard(saved, tmp_path):
 
 
 def test_unsupported_architecture(saved, tmp_path):
-    folder = _copy(saved["qwen2"][0], tmp_path / "m")
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    folder = _edited(saved["qwen2"][0], tmp_path / "m", model_type="gpt2")
     with pytest.raises(SpecError, match="unsupported architecture 'gpt2'"):
         load_checkpoint(folder)
 
 
 def test_shape_mismatch(saved, tmp_path):
-    folder = _copy(saved["qwen2"][0], tmp_path / "m")
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 128}))
+    folder = _edited(saved["qwen2"][0], tmp_path / "m", intermediate_size=128)
     with pytest.raises(SpecError, match=r"has shape .* config implies .*use the config that came with them"):
         load_checkpoint(folder)
 
 
 def test_missing_weights(saved, tmp_path):
-    folder = _copy(saved["qwen2"][0], tmp_path / "m")
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
+    folder = _edited(saved["qwen2"][0], tmp_path / "m", num_hidden_layers=3)
     with pytest.raises(SpecError, match=r"missing \['model.layers.2"):
         load_checkpoint(folder)
 

@@ -110,6 +110,8 @@ class _Shape:
         self.hidden = torch.zeros(b, r, spec.hidden_size, dtype=torch.float32, device=device) if hidden else None
         self._iota = torch.arange(t, device=device)
         self._cols = torch.arange(width, device=device)
+        self._meta = torch.zeros(3, b, dtype=i64, device=device)           # each call's length, used, slot
+        self._out = torch.empty(b, t, tail + 1, dtype=i64, device=device)  # the tails, scattered (+ a dump column)
 
     def load(self, caches: list[KVCache], ids, pos, mask, rows) -> None:
         """This step's inputs into the static buffers, and each row's keys from the mask: the slot's
@@ -117,14 +119,13 @@ class _Shape:
         columns before `width - t` are pool rows as they lie, the rest the step's new rows at
         `used` + i)."""
         b, t, past = self.b, self.t, self.width - self.t
-        dev = self.ids.device
         self.ids.copy_(ids)
         self.pos.copy_(pos)
         self.mask.copy_(mask)
         self.rows.copy_(rows)
-        length = torch.tensor([c.length for c in caches], device=dev)
-        used = torch.tensor([c.used for c in caches], device=dev)
-        self.slot.copy_(torch.tensor([c.slot for c in caches], device=dev).repeat_interleave(t))
+        host = torch.tensor([[c.length for c in caches], [c.used for c in caches], [c.slot for c in caches]])
+        length, used, slot = self._meta.copy_(host)                           # one host-to-device copy
+        self.slot.copy_(slot.repeat_interleave(t))
         self.write.copy_((used[:, None] + self._iota).flatten())
         cols = self._cols
         # a row sees its slot's committed prefix unless it is a pad row (it sees itself only): those
@@ -135,7 +136,7 @@ class _Shape:
         after = self.mask & (cols >= self.prefix.view(b, t, 1))                       # [B, T, W]
         rank = after.cumsum(-1) - 1
         n = self.tail.shape[1]
-        out = torch.full((b, t, n + 1), -1, dtype=torch.int64, device=dev)
+        out = self._out.fill_(-1)
         out.scatter_(-1, torch.where(after, rank, n), phys[:, None, :].expand(b, t, -1))
         self.tail.copy_(out[..., :n].reshape(b * t, n))
         self.ntail.copy_(after.sum(-1).flatten())

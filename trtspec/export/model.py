@@ -61,7 +61,7 @@ def rope_attention_factor(spec: ModelSpec) -> float:
         return 1.0
     if rs.get("attention_factor") is not None:
         return float(rs["attention_factor"])
-    factor = _yarn_factor(spec, rs)
+    factor, _ = _yarn_context(spec, rs)
     mscale, all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
     if mscale and all_dim:
         return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim)
@@ -72,16 +72,16 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn_factor(spec: ModelSpec, rs: dict) -> float:
+def _yarn_context(spec: ModelSpec, rs: dict) -> tuple[float, int]:
+    """(factor, the original context): the factor from the positions when the config gives none."""
     old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
-    return float(rs["factor"]) if rs.get("factor") is not None else spec.max_position_embeddings / old
+    return (float(rs["factor"]) if rs.get("factor") is not None else spec.max_position_embeddings / old), old
 
 
 def _yarn(spec: ModelSpec, rs: dict, d: int) -> torch.Tensor:
     """YaRN's frequencies (transformers' _compute_yarn_parameters, in float32 as it computes them):
     interpolated below the ramp, extrapolated above it."""
-    base, factor = spec.rope_theta, _yarn_factor(spec, rs)
-    old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
+    base, (factor, old) = spec.rope_theta, _yarn_context(spec, rs)
     fast, slow = rs.get("beta_fast") or 32, rs.get("beta_slow") or 1
 
     def dim_of(rotations):

@@ -68,8 +68,11 @@ class DraftModel:
         yield from st.draft_catch_up()
 
     def extend(self, st: DecodeState, tokens: list[int]) -> Calls:
-        """The draft's logits after `tokens`, appended to its scratch (one forward)."""
-        return (yield from st.draft.extend(tokens))
+        """The draft's logits after `tokens`, appended to its scratch (one forward, recorded in the
+        step's ledger)."""
+        logits = yield from st.draft.extend(tokens)
+        st.ledger.forwards.append(len(tokens))
+        return logits
 
 
 class DraftTree:

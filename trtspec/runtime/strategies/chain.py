@@ -42,9 +42,7 @@ class ChainSpeculative(Strategy):
         model, budget, values, greedy = self.model, st.budget, st.values, st.sampling.greedy
         yield from model.catch_up(st)
         pending = st.pending()
-        logits = yield from model.extend(st, pending)
-        ledger = st.ledger                         # the step's facts: each draft forward's rows, each node's value
-        ledger.forwards.append(len(pending))
+        logits = yield from model.extend(st, pending)    # (the draft model records its forwards in the ledger)
         drafts: list[int] = []
         qs, probs = [], []
         value, fed = 1.0, 0
@@ -64,7 +62,7 @@ class ChainSpeculative(Strategy):
                                      then=None if i == self.nodes - 1 else 0))   # take it, then feed it?
             if not plan.take:
                 break
-            ledger.value[i + 1] = v
+            st.ledger.value[i + 1] = v          # the step's facts: each node's value
             value = v
             if not greedy:
                 tok = (yield from read(torch.multinomial(q, 1, generator=st.gen)))[0]   # with its round's reads
@@ -75,7 +73,6 @@ class ChainSpeculative(Strategy):
                 break
             logits = yield from model.extend(st, [tok])
             fed += 1
-            ledger.forwards.append(1)
         # row 0 (the root) is never verified against q
         q_rows = torch.stack([torch.full_like(qs[0], float("nan"))] + qs) if qs else None
         rows = np.full(len(drafts) + 1, -1, dtype=np.int64)
