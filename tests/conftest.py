@@ -92,7 +92,8 @@ class TinyPair:
 
 def make_pair(arch: str = "llama", vocab_size: int = 512, num_layers: int = 2, seed: int = 0,
               noise: float = 0.05) -> TinyPair:
-    spec = tiny_spec(arch=arch, vocab_size=vocab_size, num_layers=num_layers)
+    # phi3: rotary over 3/4 of each head, as Phi-4-mini's partial_rotary_factor
+    spec = tiny_spec(arch=arch, vocab_size=vocab_size, num_layers=num_layers, rotary_dim=12 if arch == "phi3" else None)
     target, draft = tiny_pair(spec, seed=seed, noise=noise)
     return TinyPair(arch, target, draft, TorchEngine(target), TorchEngine(draft))
 
@@ -113,11 +114,13 @@ def llama_pair() -> TinyPair:
 
 @pytest.fixture(scope="session")
 def arch_pairs(llama_pair) -> dict[str, TinyPair]:
-    """llama, qwen2 (attention bias), mistral and qwen3 (q/k norms) tiny pairs, vocab 512."""
+    """llama, qwen2 (attention bias), mistral, qwen3 (q/k norms) and phi3 (partial rotary) tiny pairs,
+    vocab 512."""
     return {"llama": llama_pair,
             "qwen2": make_pair("qwen2", vocab_size=512, num_layers=2, seed=1),
             "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2),
-            "qwen3": make_pair("qwen3", vocab_size=512, num_layers=2, seed=3)}
+            "qwen3": make_pair("qwen3", vocab_size=512, num_layers=2, seed=3),
+            "phi3": make_pair("phi3", vocab_size=512, num_layers=2, seed=4)}
 
 
 @pytest.fixture(scope="session")

@@ -376,17 +376,19 @@ def test_encode_with_a_chat_template(engines):
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3.0],
+            "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0], "original_max_position_embeddings": 1024}
 
 
 @pytest.mark.parametrize("arch,tie,rope", [("llama", False, LLAMA3), ("qwen2", True, None),
                                            ("mistral", False, {"type": "linear", "factor": 2.0}),
-                                           ("qwen3", True, None)])
+                                           ("qwen3", True, None), ("phi3", False, LONGROPE)])
 def test_hf_converter_matches_decoder(arch, tie, rope):
     from conftest import reference_logits
     from trtspec.export.model import Decoder
     from trtspec.export.tiny import random_state, tiny_spec
     from trtspec.tools.hf_peers import hf_model_from_state
-    spec = tiny_spec(arch=arch, tie=tie)
+    spec = tiny_spec(arch=arch, tie=tie, rotary_dim=12 if arch == "phi3" else None)
     spec.rope_scaling = rope
     state = random_state(spec, seed=3)
     ours = Decoder.from_state(spec, state, torch.float32)

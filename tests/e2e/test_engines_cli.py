@@ -145,6 +145,36 @@ def test_a_shipped_config_without_its_weights_is_refused_in_one_line(tmp_path, m
     assert not (tmp_path / "out").exists()
 
 
+def test_a_sliding_window_shorter_than_the_context_is_refused_in_one_line(tmp_path):
+    """A Phi-3 folder whose attention is windowed (Phi-3-mini's 2,047) built for a longer context:
+    one line naming the window and the fix, exit 1, nothing left behind (windows are not modelled)."""
+    import shutil
+
+    import transformers
+
+    from trtspec.assembly.sources import TINY_TOKENIZER
+    folder = tmp_path / "phi3"
+    transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, sliding_window=64, pad_token_id=0)).save_pretrained(folder)
+    for f in TINY_TOKENIZER.iterdir():
+        shutil.copy(f, folder)
+    config = tmp_path / "phi3.yaml"
+    config.write_text(f"name: phi3\ntarget: {{model: '{folder}'}}\nmax_seq_len: 128\nstrategy: ar\n")
+    res = CliRunner().invoke(main, ["build", "--config", str(config), "--output", str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert "sliding window of 64 tokens" in line and "max_seq_len to at most 64" in line, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "out").exists()
+    # within the window it builds (the joined q/k/v and gate/up split as they stream into the graph) and runs
+    config.write_text(config.read_text().replace("max_seq_len: 128", "max_seq_len: 64"))
+    res = CliRunner().invoke(main, ["build", "--config", str(config), "--output", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["run", "--engines", str(tmp_path / "out"), "--prompt", "def f(x):",
+                                    "--max-new-tokens", "8", "--json", "--threads", "1"])
+    assert res.exit_code == 0 and 1 <= json.loads(res.output.strip().splitlines()[-1])["stats"]["new_tokens"] <= 8, res.output
+
+
 def test_prompt_too_long(engines):
     res = CliRunner().invoke(main, ["run", "--engines", str(engines), "--prompt", "x = 1\n" * 400,
                                     "--max-new-tokens", "200"])

@@ -12,15 +12,17 @@ from trtspec.export.onnx_export import export_onnx, io_names, optimize_for_ort
 from trtspec.export.spec import ModelSpec, SpecError
 
 # llama, qwen2 and qwen3 (q/k norms, head_dim 32 != 64 / 4) go through the default (dynamo) exporter;
-# mistral, structurally llama, covers the TorchScript fallback so both exporters stay tested.
-EXPORTER = {"llama": "dynamo", "qwen2": "dynamo", "mistral": "torchscript", "qwen3": "dynamo"}
+# mistral, structurally llama, covers the TorchScript fallback so both exporters stay tested; phi3
+# (rotary over 3/4 of each head) through dynamo too.
+EXPORTER = {"llama": "dynamo", "qwen2": "dynamo", "mistral": "torchscript", "qwen3": "dynamo", "phi3": "dynamo"}
 
 
 def tiny_spec(arch: str) -> ModelSpec:
     qwen = arch == "qwen2"
     return ModelSpec(arch=arch, vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=32 if arch == "qwen3" else 16, rope_theta=10000.0,
-                     attention_bias=qwen, tie_word_embeddings=qwen or arch == "qwen3")
+                     attention_bias=qwen, tie_word_embeddings=qwen or arch == "qwen3",
+                     rotary_dim=12 if arch == "phi3" else None)
 
 
 def tiny_model(arch: str, dtype=torch.float32) -> Decoder:
@@ -97,7 +99,7 @@ def run_both(engines, caches, args, rel=1e-4):
 
 # --- (a) the graph -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
 def test_export_graph_is_standard_onnx(exported, arch):
     model, path = exported(arch)
     onnx.checker.check_model(str(path))
@@ -151,7 +153,7 @@ def test_attention_reads_the_past_where_it_lies_as_it_lies(arch, exact, tmp_path
 
 # --- (b, d) ORT against torch, in place on the cache --------------------------------------------
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
 def test_ort_matches_torch(exported, arch):
     model, path = exported(arch)
     engines = TorchEngine(model), OrtEngine(path, model.spec, intra_op_threads=1)

@@ -26,6 +26,7 @@ from test_serve import LONG, MODEL, PROMPTS, Server, metric_values, rss_kib, spe
 from test_serve import folder  # noqa: F401 - `folder`: fixture (module-scoped here too)
 
 from trtspec.cli import main
+from trtspec.tools import bench_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-ray-test"
@@ -152,6 +153,9 @@ def test_errors_deadlines_stats_and_the_api_key_are_as_in_one_process(ray_server
     with pytest.raises(openai.AuthenticationError) as e:
         ray_server.client(key="wrong").completions.create(model=MODEL, prompt="x")
     assert e.value.body["code"] == "invalid_api_key"
+    with pytest.raises(openai.BadRequestError) as e:   # a prompt over the context: the ingress's 400, queue or not
+        c.completions.create(model=MODEL, prompt=[5] * 4096, max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded" and "4096-token context" in e.value.body["message"]
     assert httpx.get(ray_server.base + "/health", timeout=10).status_code == 200    # no key needed
     assert ray_server.get("/version").json()["strategies"] == solo.get("/version").json()["strategies"]
 
@@ -255,6 +259,26 @@ def test_a_killed_replica_leaves_no_request_hanging(ray_server, solo):
         raw = completion(ray_server.client(), PROMPTS[0], "ar", n=4)
         seen.add(raw.headers["x-trtspec-replica"])
     assert len(seen) == 2 and victim not in engine_replicas(ray_server)
+
+
+def test_overload_with_a_replica_killed_midway(ray_server, tmp_path):
+    """8 clients over 2 replicas of 2 slots for 40 s (bench_serve --overload), one replica SIGKILLed 10 s
+    in: no request fails but the victim's own answers (a retryable 503 replica_failed), every completed
+    answer equals its solo answer, the other replica serves meanwhile, and Ray replaces the victim."""
+    victim = engine_replicas(ray_server)[0]
+    with pytest.raises(SystemExit) as e:
+        bench_serve.main(["--url", ray_server.url, "--api-key", KEY, "--overload", "40", "--clients", "8",
+                          "--limit", "10", "--max-tokens", "24", "--long-tokens", "0", "--sample-every", "5",
+                          "--warm", "20", "--kill-after", "10", "--kill-pid", str(victim), "--output", str(tmp_path)])
+    report = json.loads((tmp_path / "overload.json").read_text())
+    summary = report["summary"]
+    assert e.value.code == 0, (tmp_path / "overload.md").read_text()
+    assert summary["failed"] == 0 and summary["differ_from_solo"] == 0, summary["failures"]
+    killed = summary["kill"]["at_s"]
+    served = [r for r in report["records"] if r["status"] == 200 and killed < r["t0"] < killed + 5]
+    assert served, "nothing was served in the 5 s after the kill"
+    ray_server.health(want_replicas=2)
+    assert victim not in engine_replicas(ray_server)
 
 
 def test_sigterm_drains_and_exits_0_leaving_nothing_running(ray_server):

@@ -15,7 +15,7 @@ from conftest import reference_logits
 from trtspec.runtime.generator import Generator
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 
-ARCHS = ["llama", "qwen2", "mistral", "qwen3"]
+ARCHS = ["llama", "qwen2", "mistral", "qwen3", "phi3"]
 ALPHABET = [3, 17, 99, 250, 401, 7]
 SETTINGS = settings(max_examples=int(os.environ.get("TRTSPEC_EQ_EXAMPLES", "40")), deadline=None, database=None)
 

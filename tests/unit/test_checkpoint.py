@@ -16,6 +16,8 @@ transformers = pytest.importorskip("transformers")
 
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-5)
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+            "short_factor": [1.0, 1.2, 1.5, 2.5], "long_factor": [1.5, 2.0, 4.0, 9.0]}
 CASES = {
     # llama3 rope scaling exercises the config's rope_parameters; untied head.
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
@@ -31,6 +33,10 @@ CASES = {
     # per-head q/k RMSNorm before rotary, no biases, head_dim (32) from the config, tied embeddings
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True,
                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
+    # joined qkv_proj and gate_up_proj in the checkpoint, rotary over half of each head, longrope (its
+    # short factors: the 72 positions of the greedy test stay within the original 80)
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=None,
+                                                   original_max_position_embeddings=80, rope_parameters=LONGROPE)),
 }
 
 
@@ -115,6 +121,37 @@ def test_yarn_rope_matches_transformers(tmp_path, rope):
     with torch.no_grad():
         ref = model(torch.tensor([tokens])).logits[0].float()
     assert (reference_logits(dec, tokens) - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_longrope_long_factors_match_transformers_past_the_original_context(tmp_path):
+    """An engine whose context passes the original one uses longrope's long factors for every token
+    (as llama.cpp chooses by its context); transformers uses them for a forward that long (a fresh
+    model: transformers keeps the factors of the last forward it saw)."""
+    from trtspec.export.model import Decoder, choose_rope_factors
+    folder, model = tmp_path, hf_model("phi3")
+    model.save_pretrained(folder)
+    spec, state = load_checkpoint(folder)
+    assert spec.rope_dim == 8 and spec.head_dim == 16 and "self_attn.qkv_proj" not in " ".join(state)
+    choose_rope_factors(spec, 128)
+    assert spec.rope_scaling["factors"] == "long"
+    dec = Decoder.from_state(spec, state, torch.float32)
+    tokens = [(7 * i + 3) % 97 for i in range(100)]
+    with torch.no_grad():
+        ref = model(torch.tensor([tokens])).logits[0].float()
+    assert (reference_logits(dec, tokens) - ref).abs().max() <= 1e-4 * ref.abs().max()
+    short = load_decoder(folder)                      # within the original context: the short factors
+    assert (reference_logits(short, tokens) - ref).abs().max() > 1e-3 * ref.abs().max()   # 10x the tolerance
+
+
+def test_streamed_weights_split_joined_tensors_bit_for_bit(saved):
+    """The streaming build's reader (engines/weights.py) gives Phi-3's q/k/v and gate/up as the rows
+    of the checkpoint's joined tensors, equal to what the whole-model loader gives."""
+    from trtspec.engines.weights import open_weights
+    folder, _ = saved["phi3"]
+    _, state = load_checkpoint(folder)
+    weights = open_weights(folder)
+    assert set(weights.shapes) == set(state)
+    assert all(torch.equal(weights.get(k, torch.float32), state[k]) for k in state)
 
 
 def test_dynamic_rope_is_refused_in_one_line(saved, tmp_path):

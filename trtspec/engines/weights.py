@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..export.families.base import unjoined
 from ..export.spec import ModelSpec, SpecError
 
 
@@ -128,19 +129,23 @@ class SafetensorsWeights(Weights):
         self.spec = ModelSpec.from_hf_config(cfg)
         self.spec.extra.update(source="hf", name=cfg.get("_name_or_path") or folder.name,
                                eos_token_ids=sorted(_hf_eos_ids(folder, cfg)))
-        self.where, self.shapes = {}, {}
+        self.where, self.shapes = {}, {}     # name -> (file, the tensor holding it, its rows or None)
         for file in _safetensors_files(folder):
             with safe_open(file, framework="pt") as f:
                 for key in f.keys():
                     if key.endswith("rotary_emb.inv_freq") or _tied(self.spec, key):
                         continue
-                    self.where[key] = file
-                    self.shapes[key] = tuple(f.get_slice(key).get_shape())
+                    shape = tuple(f.get_slice(key).get_shape())
+                    for name, a, b in unjoined(self.spec, key) or [(key, None, None)]:   # Phi-3's joined ones
+                        self.where[name] = (file, key, None if a is None else slice(a, b))
+                        self.shapes[name] = shape if a is None else (b - a, *shape[1:])
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         from safetensors import safe_open
-        with safe_open(self.where[name], framework="pt") as f:
-            return f.get_tensor(name).to(dtype).contiguous()
+        file, key, rows = self.where[name]
+        with safe_open(file, framework="pt") as f:
+            t = f.get_tensor(key) if rows is None else f.get_slice(key)[rows]
+            return t.to(dtype).contiguous()
 
 
 class _Truncated(Weights):
@@ -227,7 +232,7 @@ def describe(ref: str) -> tuple[ModelSpec, dict[str, tuple[tuple[int, ...], str]
     w = SafetensorsWeights(files[0].parent)
     from safetensors import safe_open
     table = {}
-    for name, file in w.where.items():
+    for name, (file, key, _) in w.where.items():
         with safe_open(file, framework="pt") as f:
-            table[name] = (w.shapes[name], f.get_slice(name).get_dtype())
+            table[name] = (w.shapes[name], f.get_slice(key).get_dtype())
     return w.spec, table

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from .families.base import unjoined
 from .gguf_loader import load_gguf
 from .model import Decoder
 from .spec import ModelSpec, SpecError
@@ -53,7 +54,9 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
                 t = f.get_tensor(key)
-                state[key] = t.to(dtype) if t.is_floating_point() else t
+                t = t.to(dtype) if t.is_floating_point() else t
+                parts = unjoined(spec, key)          # Phi-3's qkv_proj / gate_up_proj: split by rows
+                state.update({name: t[a:b].clone() for name, a, b in parts} if parts else {key: t})
     return spec, state
 
 

@@ -26,7 +26,7 @@ from .spec import ModelSpec, SpecError
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     """Inverse RoPE frequencies, with the config's rope scaling folded in (as transformers does)."""
-    d = spec.head_dim
+    d = spec.rope_dim
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = spec.rope_scaling or {}
     kind = rs.get("rope_type", rs.get("type", "default"))
@@ -36,6 +36,9 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
         inv = inv / float(rs["factor"])
     elif kind == "yarn":
         inv = _yarn(spec, rs, d)
+    elif kind == "longrope":            # in float32, as transformers computes it
+        factors = torch.tensor(rs["long_factor" if rs.get("factors") == "long" else "short_factor"], dtype=torch.float32)
+        inv = 1.0 / (factors * spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     elif kind == "llama3":
         factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
         old = float(rs["original_max_position_embeddings"])
@@ -50,22 +53,39 @@ def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
                         "of each forward, so a token's rotation would depend on what it is computed with and "
                         "speculation could not be lossless; use the model's yarn or linear scaling, or none")
     else:
-        raise SpecError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn)")
+        raise SpecError(f"rope scaling type {kind!r} is not supported (supported: default, linear, llama3, yarn, "
+                        "longrope)")
     return inv.float()
 
 
 def rope_attention_factor(spec: ModelSpec) -> float:
     """What cos and sin are multiplied by (yarn's attention factor; 1 otherwise), as transformers does."""
     rs = spec.rope_scaling or {}
-    if rs.get("rope_type", rs.get("type")) != "yarn":
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind not in ("yarn", "longrope"):
         return 1.0
     if rs.get("attention_factor") is not None:
         return float(rs["attention_factor"])
+    if kind == "longrope":
+        old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
+        factor = rs.get("factor") or spec.max_position_embeddings / old
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old))
     factor, _ = _yarn_context(spec, rs)
     mscale, all_dim = rs.get("mscale"), rs.get("mscale_all_dim")
     if mscale and all_dim:
         return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, all_dim)
     return _yarn_mscale(factor)
+
+
+def choose_rope_factors(spec: ModelSpec, context: int) -> None:
+    """longrope's factors for an engine of `context` positions, as llama.cpp chooses them by its
+    context: the long ones past the original context, else the short ones (transformers switches by
+    the longest position of each forward, so a token's rotation would depend on what shares its
+    forward; here it is fixed per engine, and every strategy equals its `ar`)."""
+    rs = spec.rope_scaling or {}
+    if rs.get("rope_type", rs.get("type")) == "longrope":
+        old = rs.get("original_max_position_embeddings") or spec.max_position_embeddings
+        spec.rope_scaling = {**rs, "factors": "long" if context > old else "short"}
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -141,6 +161,10 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv, self.d)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
+        r = cos.shape[-1]
+        if r < self.d:                             # partial rotary (Phi-4-mini): the rest passes as it is
+            return (torch.cat([q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]], -1),
+                    torch.cat([k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]], -1), v)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
     def forward(self, x, cos, sin, mask_add, past_k, past_v):
@@ -236,8 +260,8 @@ class Decoder(nn.Module):
         done elsewhere, the new rows' KV kept there (engines/logical_engine.py: the pool, in place);
         it returns [B, T, H*D], `past` is not read and no new KV is returned."""
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, D/2], fp32 like HF
-        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, D]
+        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, R/2], fp32 like HF (R: rope_dim)
+        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, R]
         cos, sin = emb.cos(), emb.sin()
         if self.rope_scale != 1.0:
             cos, sin = cos * self.rope_scale, sin * self.rope_scale

@@ -1,7 +1,7 @@
 """ModelSpec: the architecture facts every stage needs (export, engines, runtime).
 
-One dataclass for every family (export/families/: Llama, Qwen2, Mistral, Qwen3): they differ in
-flags (attention bias, q/k norms, tied embeddings, rope scaling), so the decoder is one class and
+One dataclass for every family (export/families/: Llama, Qwen2, Mistral, Qwen3, Phi-3): they differ
+in flags (attention bias, q/k norms, tied embeddings, rope scaling, partial rotary), so the decoder is one class and
 the loaders fill this in; `spec.family` holds the family's own facts.
 """
 from __future__ import annotations
@@ -41,6 +41,8 @@ class ModelSpec:
     attention_bias: bool = False
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 4096
+    rotary_dim: int | None = None          # rotary over the first rotary_dim dims of each head (None: all)
+    sliding_window: int | None = None      # keys a token sees, itself included, where the model limits them
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -59,6 +61,10 @@ class ModelSpec:
                 raise SpecError(f"model {name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise SpecError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def rope_dim(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @property
     def family(self) -> Family:
@@ -82,6 +88,10 @@ class ModelSpec:
             rope_theta = rope_theta or params.get("rope_theta")
             if params.get("rope_type", "default") != "default":
                 rope_scaling = rope_scaling or params
+        partial = cfg.get("partial_rotary_factor") or (params or {}).get("partial_rotary_factor") or 1.0
+        if rope_scaling and cfg.get("original_max_position_embeddings"):     # Phi-3 keeps it beside
+            rope_scaling = {"original_max_position_embeddings": cfg["original_max_position_embeddings"], **rope_scaling}
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
         return cls(
             arch=family.name,
             vocab_size=cfg["vocab_size"],
@@ -97,6 +107,8 @@ class ModelSpec:
             attention_bias=bool(cfg.get("attention_bias", family.attention_bias)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
+            sliding_window=window,
         )
 
     def to_dict(self) -> dict[str, Any]:

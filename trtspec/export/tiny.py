@@ -15,12 +15,12 @@ from .spec import ModelSpec
 
 
 def tiny_spec(arch: str = "llama", vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 2,
-              num_heads: int = 4, num_kv_heads: int = 2, tie: bool = False) -> ModelSpec:
+              num_heads: int = 4, num_kv_heads: int = 2, tie: bool = False, rotary_dim: int | None = None) -> ModelSpec:
     return ModelSpec(arch=arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                      num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
                      head_dim=hidden_size // num_heads, rope_theta=10000.0,
                      attention_bias=FAMILIES[arch].attention_bias, tie_word_embeddings=tie,
-                     max_position_embeddings=4096)
+                     max_position_embeddings=4096, rotary_dim=rotary_dim)
 
 
 def random_state(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:

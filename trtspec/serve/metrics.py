@@ -15,17 +15,31 @@ and the prefix cache's, as vLLM's `vllm:prefix_cache_{queries,hits}` (tokens), p
     trtspec_prefix_cache_hits_total{model}               of them, found (prefill saved)
     trtspec_prefix_cache_blocks{model}                   blocks stored now (of trtspec_prefix_cache_capacity_blocks)
 
+and the process's own (prometheus-client's `process_resident_memory_bytes`, `process_open_fds`, ...,
+and `trtspec_process_threads`), which a soak samples.
+
 With `serve --replicas N` each replica keeps its own registry; `merge` puts them behind the
 ingress's one /metrics, every sample labelled `replica` (ray_serve.py).
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
                    1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+def os_threads() -> int:
+    """This process's threads as the OS counts them (ONNX Runtime's and torch's pools too), else Python's."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+    except (OSError, StopIteration):
+        return threading.active_count()
 
 
 class PrefixCacheCollector:
@@ -56,6 +70,9 @@ class Metrics:
         """The HTTP layer's counters, and with a `scheduler` (a process that generates) the engine's."""
         self.registry = CollectorRegistry()
         self._drafts_n = self._accepted_n = 0
+        ProcessCollector(registry=self.registry)                 # process_resident_memory_bytes, _open_fds, ...
+        Gauge("trtspec_process_threads", "Threads of this process (the OS's count: runtime pools included)",
+              registry=self.registry).set_function(os_threads)
         self.requests = Counter("trtspec_requests", "Finished HTTP requests by endpoint and status code",
                                 ["endpoint", "status"], registry=self.registry)
         r = self.registry if scheduler is not None else None     # an ingress: the engine's are not exported

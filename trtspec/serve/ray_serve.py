@@ -171,6 +171,12 @@ class Replicas:
             self.ongoing -= 1
 
     async def _generate(self, body, prompt_ids: list[int]):
+        if len(prompt_ids) >= self.capacity:        # never fits: a 400 now, not a wait in Ray's queue or a 429
+            yield ("error", -1, ApiError(400, f"the prompt's {len(prompt_ids)} tokens leave no room in the "
+                                         f"{self.capacity}-token context; shorten the prompt",
+                                         param="messages" if hasattr(body, "messages") else "prompt",
+                                         code="context_length_exceeded").state())
+            return           # (one that fits with fewer new tokens is the replica's to refuse, as in one process)
         for attempt in range(1, ATTEMPTS + 1):
             stream = self.engine.generate.remote(body, prompt_ids)
             started, sent = None, False              # "started" held back until the first token: a retry stays unseen

@@ -16,6 +16,12 @@ request latency p50 / p95, and whether every answer equals its c = 1 answer. One
 request costs besides generating (HTTP, routing, tokenizing, a short prefill and one step); run it
 against two servers of the same folder (one process, and `--replicas 1`) for Ray Serve's share.
 Writes overhead.json.
+
+`--overload SECONDS` instead runs more clients than the server has slots for SECONDS, with streams,
+sampling, n = 2, schemas, stop strings, long prompts and cancellations, checking every answer
+against the same request served alone, and samples the server's memory, files and threads (a soak);
+`--drain-after` sends it SIGTERM midway. See trtspec/tools/overload.py. Writes overload.json,
+overload.md and overload.png; exits 1 if a check failed.
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import json
 import time
 from pathlib import Path
 
+from . import overload as overload_run
 from .bench_concurrency import _pct, closed_loop, plot_by_strategy
 from .datasets import load_prompts
 
@@ -153,7 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--title", default=None)
     p.add_argument("--overhead", type=int, default=None, metavar="N",
                    help="time N one-token requests one at a time instead (overhead.json)")
+    overload_run.add_arguments(p)
     a = p.parse_args(argv)
+    if a.overload:
+        raise SystemExit(overload_run.main(a))
     if a.overhead:
         import openai
         client = openai.OpenAI(base_url=a.url, api_key=a.api_key, max_retries=0, timeout=600)

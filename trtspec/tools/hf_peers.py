@@ -33,6 +33,7 @@ PEERS = ("hf", "hf-assisted", "hf-lookup")
 def rope_parameters(spec: ModelSpec) -> dict:
     """transformers >= 5 `rope_parameters` for a spec (scaling dicts may use `type` or `rope_type`)."""
     rs = dict(spec.rope_scaling or {})
+    rs.pop("factors", None)                        # trtspec's own: which longrope factors the engine uses
     kind = rs.pop("type", None)
     rs.setdefault("rope_type", kind or "default")
     return {**rs, "rope_theta": float(spec.rope_theta)}
@@ -55,6 +56,17 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
     return getattr(transformers, spec.family.hf_config)(**common, **extra)
 
 
+def joined_state(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our weights under the checkpoint's own names: tensors the family joins (Phi-3's qkv_proj,
+    gate_up_proj) joined again by rows, as the loaders split them (families/base.py `unjoined`)."""
+    out = dict(state)
+    for joined, parts in spec.family.joined:
+        for i in range(spec.num_layers):
+            at = f"model.layers.{i}."
+            out[f"{at}{joined}.weight"] = torch.cat([out.pop(f"{at}{part}.weight") for part in parts])
+    return out
+
+
 @torch.no_grad()
 def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: torch.dtype):
     """A transformers causal LM holding exactly these weights (HF names), cast to `dtype`."""
@@ -62,7 +74,7 @@ def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: 
 
     cfg = hf_config(spec, dtype)
     cls = getattr(transformers, spec.family.hf_model)
-    state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    state = {k: v.to(dtype) for k, v in joined_state(spec, state).items() if not k.endswith("rotary_emb.inv_freq")}
     if spec.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):        # no random init, no second copy of a large model

@@ -9,9 +9,10 @@ gives transformers' logits (tests/unit/test_checkpoint.py takes every registered
 from __future__ import annotations
 
 from .base import Family
-from . import llama, mistral, qwen2, qwen3          # each defines FAMILY
+from . import llama, mistral, phi3, qwen2, qwen3          # each defines FAMILY
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY,
+                                                  phi3.FAMILY)}
 
 
 def by_hf_type(model_type: str) -> Family | None:
