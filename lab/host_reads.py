@@ -102,7 +102,7 @@ def count(name: str, sampling, target, draft, tokens: int) -> dict:
     reads = HostReads()
     t_run = ModelRunner.alone(target, 256, hooks=reads)
     d_run = ModelRunner.alone(draft, 256, hooks=reads) if strat.needs_draft else None
-    st = DecodeState(t_run, d_run, sampling, torch.Generator().manual_seed(0), np.zeros(256, dtype=np.int64), 0)
+    st = DecodeState(t_run, d_run, sampling, np.zeros(256, dtype=np.int64), 0)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     st.append(prompt)
     drive(t_run.prefill(prompt[:-1]))

@@ -49,7 +49,7 @@ def make_state(pair, prompt: list[int], lag: int = 1, sampling: SamplingParams =
     """A DecodeState whose draft cache holds prompt[:-lag] (lag >= 1: the root is never cached)."""
     draft = ModelRunner.alone(pair.draft_engine, CAP)
     drive(draft.prefill(list(prompt[: len(prompt) - lag])))
-    st = DecodeState(None, draft, sampling, torch.Generator().manual_seed(0), np.zeros(CAP, dtype=np.int64), 0)
+    st = DecodeState(None, draft, sampling, np.zeros(CAP, dtype=np.int64), 0)
     st.append(list(prompt))
     return st
 

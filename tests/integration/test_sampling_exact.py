@@ -3,18 +3,19 @@
 Two levels:
 
 * `verify_sampling` alone, on a root with leaf children and explicit target / proposal
-  distributions (no model): the emitted token (the accepted child's, or the fallback sample) must
-  be distributed exactly as the root's target row, for one sampled child, several deterministic
-  children, siblings sampled without replacement (renormalised q rows), i.i.d. siblings and a
-  sampled + deterministic mix.
+  distributions (no model): the emitted token (the accepted child's, or the target's keyed draw)
+  must be distributed exactly as the root's target row, for one sampled child, several
+  deterministic children, siblings sampled without replacement, i.i.d. siblings and a sampled +
+  deterministic mix, whatever q rows the tree claims (the keyed rule never reads them).
 * End to end through `Generator.generate` on a tiny 16-token pair: the joint distribution of the
   first two generated tokens under `ar`, `chain` (sampled drafts, q rows) and `ngram`
   (deterministic drafts), at temperature 1 and with top-k + top-p, equals the one computed from the
   target's logits (cache-free reference forwards).
 
 Each check is a chi-square goodness-of-fit test (p > 0.001 passes). Each has a deliberately broken
-counterpart (no residual update, or un-renormalised q rows) that the same test must reject
-(p < 1e-6), so these tests are known to have the power to catch a wrong acceptance rule.
+counterpart (recursive rejection without its residual update; a rule that accepts every draft)
+that the same test must reject (p < 1e-6), so these tests are known to have the power to catch a
+wrong acceptance rule.
 """
 from __future__ import annotations
 
@@ -93,15 +94,17 @@ def reference_probs(logits: torch.Tensor, sp: SamplingParams) -> np.ndarray:
 def as_choice(rule):
     """A (path, next token) rule as the step calls its sampling rule (`verify.sampling_choice`, which
     tests patch): [last accepted node, next token], which the step reads with its batch's."""
-    def choice(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        path, nxt = rule(tree, target_probs, gen)
+    def choice(tree: TokenTree, target_probs: torch.Tensor, key: tuple[int, int]) -> torch.Tensor:
+        path, nxt = rule(tree, target_probs, key)
         return torch.tensor([int(path[-1]), int(nxt)])
     return choice
 
 
-def verify_sampling_no_residual(tree: TokenTree, target_probs: torch.Tensor, gen: torch.Generator):
-    """WRONG: accepts a child with min(1, p/q) (p for deterministic children) like the real rule,
-    but never updates p after a rejection: the fallback is drawn from the unmodified target row."""
+def verify_sampling_no_residual(tree: TokenTree, target_probs: torch.Tensor, key: tuple[int, int]):
+    """WRONG: recursive rejection (min(1, p/q), p for deterministic children, draws from a generator
+    seeded by the key) that never updates p after a rejection: the fallback is drawn from the
+    unmodified target row."""
+    gen = torch.Generator().manual_seed((key[0] * 1_000_003 + key[1]) % 2**63)
     kids = tree.children()
     node = 0
     while True:
@@ -135,8 +138,8 @@ def child_rows(n_children: int) -> torch.Tensor:
     return rows
 
 
-def first_emitted(tree: TokenTree, rows: torch.Tensor, gen: torch.Generator, rule) -> int:
-    path, nxt = rule(tree, rows, gen)
+def first_emitted(tree: TokenTree, rows: torch.Tensor, key: tuple[int, int], rule) -> int:
+    path, nxt = rule(tree, rows, key)
     return int(tree.tokens[path[1]]) if len(path) > 1 else nxt
 
 
@@ -157,14 +160,13 @@ def draw_without_replacement(rng: np.random.Generator, q: np.ndarray, m: int) ->
 def run_unit_case(case: str, rule, n: int = N_UNIT, seed: int = 0, wrong_q: bool = False) -> float:
     """Emit n first tokens for one of the tree shapes; return the chi-square p-value vs P_ROOT."""
     rng = np.random.default_rng(seed)
-    gen = torch.Generator().manual_seed(seed + 1)
     q_np = Q_DRAFT.double().numpy()
     m = {"one_sampled": 1, "deterministic": 3, "without_replacement": 3, "iid": 3, "mixed": 2}[case]
     tree = TokenTree(torch.zeros(m + 1, dtype=torch.int64), torch.tensor([-1] + [0] * m),
                      torch.full((m + 1, VS), float("nan")))
     rows = child_rows(m)
     counts = np.zeros(VS, dtype=np.int64)
-    for _ in range(n):
+    for trial in range(n):
         if case == "one_sampled":
             toks = [int(rng.choice(VS, p=q_np))]
             tree.q[1] = Q_DRAFT
@@ -181,7 +183,7 @@ def run_unit_case(case: str, rule, n: int = N_UNIT, seed: int = 0, wrong_q: bool
             toks = [int(rng.choice(VS, p=q_np)), 4]
             tree.q[1] = Q_DRAFT
         tree.tokens[1:] = torch.tensor(toks)
-        counts[first_emitted(tree, rows, gen, rule)] += 1
+        counts[first_emitted(tree, rows, (seed * 1_000_003 + trial, 17), rule)] += 1
     return chisquare_p(counts, P_ROOT.double().numpy())
 
 
@@ -202,11 +204,12 @@ def test_verify_sampling_broken_rule_is_detected(case):
     assert pval < REJECT_P, f"{case}: the no-residual rule was not detected (p={pval:.3g})"
 
 
-def test_without_replacement_needs_renormalised_q():
-    """Siblings drawn without replacement but verified against the original q: biased, detected."""
+def test_the_keyed_rule_never_reads_q():
+    """Siblings drawn without replacement but claiming the original q (recursive rejection's classic
+    bug: biased there) change nothing here: the root's token is the target's keyed draw."""
     pval = run_unit_case("without_replacement", verify_sampling, n=N_UNIT // 3, seed=200, wrong_q=True)
-    print(f"[pvalue] unit broken un-renormalised q: {pval:.3g}")
-    assert pval < REJECT_P, f"un-renormalised q rows were not detected (p={pval:.3g})"
+    print(f"[pvalue] unit un-renormalised q: {pval:.3g}")
+    assert pval > PASS_P, f"the keyed rule depended on q (p={pval:.3g})"
 
 
 def test_verify_sampling_path_and_bonus_row():
@@ -216,7 +219,7 @@ def test_verify_sampling_path_and_bonus_row():
     rows[0] = torch.nn.functional.one_hot(torch.tensor(3), VS).float()   # child always accepted
     rows[1] = torch.nn.functional.one_hot(torch.tensor(5), VS).float()   # bonus must be 5
     for s in range(20):
-        path, nxt = verify_sampling(tree, rows, torch.Generator().manual_seed(s))
+        path, nxt = verify_sampling(tree, rows, (s, 3))
         assert path.tolist() == [0, 1] and nxt == 5
 
 
@@ -321,9 +324,9 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
     """Sanity for the tests above: sampled drafts are accepted and rejected, and q rows exist."""
     seen_q = []
 
-    def spy(tree, probs, gen):
+    def spy(tree, probs, key):
         seen_q.append(tree.q is not None and not bool(torch.isnan(tree.q[1:]).any()))
-        return sampling_choice(tree, probs, gen)
+        return sampling_choice(tree, probs, key)
 
     monkeypatch.setattr(verify_mod, "sampling_choice", spy)
     acc = [s.accepted for i in range(40)
@@ -333,14 +336,22 @@ def test_chain_drafts_are_really_sampled_and_verified(small_gen, monkeypatch):
     assert 0 in acc and max(acc) >= 1
 
 
+def accept_every_draft(tree: TokenTree, target_probs: torch.Tensor, key: tuple[int, int]):
+    """WRONG: follows each node's first child down to a leaf, then the target's keyed draw."""
+    kids, node = tree.children(), 0
+    while kids[node]:
+        node = kids[node][0]
+    return tree.path(node), int(verify_mod.drawn(tree, target_probs, key)[node])
+
+
 @pytest.mark.parametrize("which", ["chain", "ngram"])
 def test_broken_rule_is_detected_end_to_end(small_pair, small_gen, ngram_prompt, monkeypatch, which):
-    """The same end-to-end check on the first generated token, with the no-residual rule patched
-    in where the step calls its sampling rule: it must be rejected."""
-    monkeypatch.setattr(verify_mod, "sampling_choice", as_choice(verify_sampling_no_residual))
+    """The same end-to-end check on the first generated token, with a rule that accepts every draft
+    patched in where the step calls its sampling rule: it must be rejected."""
+    monkeypatch.setattr(verify_mod, "sampling_choice", as_choice(accept_every_draft))
     prompt, strategy, n = ((SHORT_PROMPT, ChainSpeculative(1), 600) if which == "chain"
                            else (ngram_prompt, NGramSpeculative(2), 600))
     p1 = reference_probs(reference_logits(small_pair.target, prompt)[-1], T1)
     p_first = chisquare_p(sample_first(small_gen, prompt, strategy, T1, n, 30_000, ntok=1), p1)
-    print(f"[pvalue] e2e broken no-residual {which}: first {p_first:.3g}")
+    print(f"[pvalue] e2e broken accept-every-draft {which}: first {p_first:.3g}")
     assert p_first < REJECT_P, f"{which}: the broken rule was not detected (first-token p={p_first:.3g})"

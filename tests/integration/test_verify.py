@@ -1,5 +1,5 @@
-"""verify_greedy on hand-built and random trees; KVCache.commit compaction; tree commit end to end;
-verification that reads the device once per step."""
+"""verify_greedy on hand-built and random trees; sampled verification by keyed draws; KVCache.commit
+compaction; tree commit end to end; verification that reads the device once per step."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +21,8 @@ from trtspec.runtime.step import verify_and_commit
 from trtspec.runtime.strategies import STRATEGIES
 from trtspec.runtime.tree import TokenTree
 from trtspec.runtime.effects import Check
-from trtspec.runtime.verify import WALK_ROWS, choose_together, greedy_choice, sampling_choice, verify_greedy
+from trtspec.runtime.sampling import inverse_cdf, keyed_uniforms
+from trtspec.runtime.verify import choose_together, greedy_choice, sampling_choice, verify_greedy
 from lab.host_reads import HostReads
 from lab.host_reads import count as count_host_reads
 from lab.host_reads import count_batch
@@ -247,7 +248,7 @@ def test_tree_commit_matches_plain_prefill(llama_pair):
     runner = ModelRunner.alone(engine, 64)
     drive(runner.prefill(prompt[:-1]))
     seq = np.zeros(64, dtype=np.int64)
-    st = DecodeState(runner, None, SamplingParams(), torch.Generator().manual_seed(0), seq, 0)
+    st = DecodeState(runner, None, SamplingParams(), seq, 0)
     st.append(prompt)
     out = drive(verify_and_commit(st, Proposal(tree)))
     emitted = out[0] if isinstance(out, tuple) else out      # (emitted, path) in newer versions
@@ -299,7 +300,7 @@ def test_verification_reads_the_device_once(data):
     assert 0 <= nxt < vocab and path[0] == 0
     with HostReads() as reads:
         probs = probs_from_logits(logits, params)
-        last, nxt = sampling_choice(tree, probs, g, early_exit=False).tolist()    # as on a GPU
+        last, nxt = sampling_choice(tree, probs, (data.draw(hst.integers(0, 2**40)), 9)).tolist()
     assert reads.reads == ["tolist"]
     path = tree.path(last)
     assert 0 <= nxt < vocab and path[0] == 0 and (len(path) == 1 or tree.host_parents[path[-1]] == path[-2])
@@ -317,7 +318,7 @@ def test_a_target_step_reads_the_device_once(llama_pair, sampled):
     drive(runner.prefill(prompt[:-1]))
     seq = np.zeros(64, dtype=np.int64)
     params = SamplingParams(temperature=0.8, top_k=50) if sampled else SamplingParams()
-    st = DecodeState(runner, None, params, torch.Generator().manual_seed(0), seq, 0)
+    st = DecodeState(runner, None, params, seq, 0)
     st.append(prompt)
     vocab = llama_pair.spec.vocab_size
     q = torch.softmax(torch.randn(6, vocab, generator=torch.Generator().manual_seed(1)), -1) if sampled else None
@@ -330,40 +331,52 @@ def test_a_target_step_reads_the_device_once(llama_pair, sampled):
     assert runner.cache.length == len(prompt) - 1 + len(path) and emitted[:-1] == tree.host_tokens[path[1:]].tolist()
 
 
+def naive_sampled(tree: TokenTree, probs: torch.Tensor, seed: int, start: int) -> list[int]:
+    """Walk down from the root: draw the target's token at the node (inverse CDF of its row alone, in
+    float64 numpy, at the uniform keyed by (seed, start + depth)); move to the child carrying it, if
+    any; else that is the next token."""
+    node, depth = 0, 0
+    while True:
+        u = keyed_uniforms(seed, np.array([start + depth]))[0]
+        cdf = np.cumsum(probs[node].double().numpy())
+        x = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), int((cdf < cdf[-1]).sum()))
+        kids = [c for c in tree.children()[node] if tree.host_tokens[c] == x]
+        if not kids:
+            return [node, x]
+        node, depth = kids[0], depth + 1
+
+
 @settings(max_examples=60, deadline=None, database=None)
 @given(hst.data())
-def test_child_table_lists_children_in_order(data):
-    """The sampled walk's layout of a phase's trees (verify._forest): each node's children in node
-    order (the order siblings are tried), at flat indices, and the most children at each depth."""
-    trees = []
-    for _ in range(data.draw(hst.integers(1, 3))):
-        n = data.draw(hst.integers(1, 30))
-        trees.append(TokenTree(list(range(n)), [-1] + [data.draw(hst.integers(0, i - 1)) for i in range(1, n)]))
-    forest = verify_mod._forest(trees, [torch.ones(len(t), 4) for t in trees],
-                                [torch.Generator().manual_seed(0) for _ in trees], WALK_ROWS)
-    kids = [[c + off for c in k] for t, off in zip(trees, np.cumsum([0] + [len(t) for t in trees]))
-            for k in t.children()]
-    depth = np.concatenate([t.host_depth for t in trees])
-    assert forest.table.shape == (len(kids), max(max(map(len, kids)), 1))
-    for node, row in enumerate(forest.table.tolist()):
-        assert row == kids[node] + [-1] * (forest.table.shape[1] - len(kids[node]))
-    for d, w in enumerate(forest.widths):
-        assert w == max(len(kids[i]) for i in range(len(kids)) if depth[i] == d)
-
-
-@settings(max_examples=40, deadline=None, database=None)
-@given(hst.data())
-def test_the_fixed_walk_equals_the_early_exit_walk(data):
-    """What a GPU runs (every trial, masked: no read) and what the CPU runs (stop once the walk has
-    moved on or stopped) draw the same uniforms and pick the same node and token."""
+def test_a_sampled_choice_walks_the_keyed_draws(data):
+    """The sampled choice is the naive walk down the target's keyed draws (one per depth), and a
+    node's draw is its own row's, with its position's uniform, whatever tree holds it."""
     vocab = 32
     tree = random_tree(data, vocab, sampled=data.draw(hst.booleans()))
     g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
-    probs = torch.softmax(torch.randn(len(tree), vocab, generator=g) * 3, -1)
-    seed = data.draw(hst.integers(0, 2**16))
-    fixed = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=False)
-    early = sampling_choice(tree, probs, torch.Generator().manual_seed(seed), early_exit=True)
-    assert fixed.tolist() == early.tolist()
+    probs = probs_from_logits(leaning_logits(tree, vocab, g), SamplingParams(temperature=1.0))
+    seed, start = data.draw(hst.integers(0, 2**63 - 1)), data.draw(hst.integers(0, 5000))
+    assert sampling_choice(tree, probs, (seed, start)).tolist() == naive_sampled(tree, probs, seed, start)
+    node = data.draw(hst.integers(0, len(tree) - 1))
+    alone = inverse_cdf(probs[node:node + 1], torch.tensor(keyed_uniforms(seed, [start + tree.host_depth[node]])))
+    assert int(alone) == int(verify_mod.drawn(tree, probs, (seed, start))[node])
+
+
+def test_keyed_draws_are_exact_samples():
+    """Over seeds, the keyed draw at a position is distributed as the row it inverts (chi-square),
+    and the draws of two positions are independent (their joint counts)."""
+    from lab.chisquare import chisquare_p
+    p = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05, 0.0]])
+    n = 20000
+    first = [int(inverse_cdf(p, torch.tensor(keyed_uniforms(s, [7])))) for s in range(n)]
+    second = [int(inverse_cdf(p, torch.tensor(keyed_uniforms(s, [8])))) for s in range(n)]
+    assert chisquare_p(np.bincount(first, minlength=6), p[0].numpy()) > 1e-3
+    joint = np.bincount(np.array(first) * 6 + np.array(second), minlength=36)
+    assert chisquare_p(joint, np.outer(p[0].numpy(), p[0].numpy()).ravel()) > 1e-3
+    shifted = [int(inverse_cdf(p, torch.tensor(keyed_uniforms(s, [7])))) for s in range(1, n + 1)]
+    assert chisquare_p(np.bincount(np.array(first) * 6 + np.array(shifted), minlength=36),
+                       np.outer(p[0].numpy(), p[0].numpy()).ravel()) > 1e-3      # neighbouring seeds too
+    assert chisquare_p(np.bincount(first, minlength=6), np.roll(p[0].numpy(), 1)) < 1e-6   # the test has power
 
 
 def leaning_logits(tree: TokenTree, vocab: int, g: torch.Generator) -> torch.Tensor:
@@ -378,14 +391,12 @@ def leaning_logits(tree: TokenTree, vocab: int, g: torch.Generator) -> torch.Ten
 @settings(max_examples=40, deadline=None, database=None)
 @given(hst.data())
 def test_a_batch_is_chosen_as_each_tree_alone(data):
-    """A phase's verifications chosen together (greedy rows over the flattened nodes, sampled rows in
-    walks of WALK_ROWS rows, each request drawing from its own generator) give every request what its
-    tree alone gives (greedy_choice, or sampling_choice with early exit, as the CPU runs it), and leave
-    each generator where its walk alone leaves it: neither a neighbour nor the batch's size changes a
-    request's draws."""
+    """A phase's verifications chosen together (all trees' flattened nodes in one pass, or tree by
+    tree as the CPU runs them) give every request what its tree alone gives (greedy_choice, or
+    sampling_choice with its key): neither a neighbour nor the batch's size changes a request's draws."""
     vocab = 32
-    checks, alone, seeds = [], [], []
-    for _ in range(data.draw(hst.integers(1, WALK_ROWS + 3))):        # past one walk's rows, at times
+    checks, alone = [], []
+    for _ in range(data.draw(hst.integers(1, 11))):
         sampled = data.draw(hst.booleans())
         tree = random_tree(data, vocab, sampled=sampled and data.draw(hst.booleans()))
         g = torch.Generator().manual_seed(data.draw(hst.integers(0, 2**16)))
@@ -395,18 +406,11 @@ def test_a_batch_is_chosen_as_each_tree_alone(data):
             alone.append(greedy_choice(tree, logits).tolist())
             continue
         probs = probs_from_logits(logits, SamplingParams(temperature=data.draw(hst.sampled_from([0.5, 1.0, 1.5]))))
-        seed = data.draw(hst.integers(0, 2**16))
-        mine = torch.Generator().manual_seed(seed)
-        chosen = sampling_choice(tree, probs, mine, early_exit=True).tolist()
-        alone.append(chosen + [mine.get_state().numpy().tobytes()])
-        checks.append(Check(tree, probs, torch.Generator().manual_seed(seed)))
+        key = (data.draw(hst.integers(0, 2**16)), data.draw(hst.integers(0, 100)))
+        alone.append(sampling_choice(tree, probs, key).tolist())
+        checks.append(Check(tree, probs, key))
     for batched in (True, False):
-        for c in checks:
-            if c.gen is not None:
-                c.gen.manual_seed(c.gen.initial_seed())
-        chosen = choose_together(checks, batched=batched).tolist()
-        states = [[c.gen.get_state().numpy().tobytes()] if c.gen is not None else [] for c in checks]
-        assert [row + st for row, st in zip(chosen, states)] == alone, batched
+        assert choose_together(checks, batched=batched).tolist() == alone, batched
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

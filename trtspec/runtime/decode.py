@@ -1,4 +1,4 @@
-"""DecodeState: one request's sequence, runners, sampling (and its grammar state), RNG, budget and step stats.
+"""DecodeState: one request's sequence, runners, sampling (and its grammar state), seed, budget and step stats.
 
 A DecodeState belongs to one request. Strategies read it to propose a tree (strategies/base.py);
 the shared step (step.py) verifies the tree, commits both caches and appends the step's stats.
@@ -36,7 +36,6 @@ class DecodeState:
     target: ModelRunner
     draft: ModelRunner | None
     sampling: SamplingParams
-    gen: torch.Generator
     seq: np.ndarray                      # preallocated token buffer: prompt + output
     n_tokens: int                        # valid tokens in seq
     steps: list[StepStats] = field(default_factory=list)
@@ -53,6 +52,7 @@ class DecodeState:
     # logits chose the root: what a drafting head reads. None otherwise.
     hidden: torch.Tensor | None = None
     heads: dict = field(default_factory=dict)   # the generator's head roles, by kind (shared: read only)
+    seed: int = 0                        # the request's: its sampled tokens are keyed draws (seed, position)
 
     @property
     def values(self) -> Values:

@@ -40,7 +40,7 @@ class Check:
     """One request's verification, waiting to be chosen with its phase's others (verify.choose_together)."""
     tree: TokenTree                 # on the scores' device
     scores: torch.Tensor            # [N, V]: the target's logits (greedy) or probabilities (sampled)
-    gen: torch.Generator | None     # the request's generator, on the scores' device; None: greedy
+    key: tuple[int, int] | None     # sampled: (the request's seed, the position of the root's next token)
     batcher = None
 
 
@@ -63,10 +63,10 @@ def read(tensor: torch.Tensor) -> Calls:
     return (yield Read(tensor))
 
 
-def check(tree: TokenTree, scores: torch.Tensor, gen: torch.Generator | None = None) -> Calls:
-    """`last, nxt = yield from check(tree, scores, gen)`: the accepted node and the next token, chosen
-    and read with the phase's other requests' (gen None: greedy, scores are logits)."""
-    last, nxt = yield Check(tree, scores, gen)
+def check(tree: TokenTree, scores: torch.Tensor, key: tuple[int, int] | None = None) -> Calls:
+    """`last, nxt = yield from check(tree, scores, key)`: the accepted node and the next token, chosen
+    and read with the phase's other requests' (key None: greedy, scores are logits)."""
+    last, nxt = yield Check(tree, scores, key)
     return last, nxt
 
 

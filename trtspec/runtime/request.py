@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from .batch import Call
 from .budget import BatchView, make_budget
@@ -224,10 +223,9 @@ class Run:
         slot.reset()
         budget = make_budget(strat.auto_nodes(), self.costs, self.batch, req.id, req.max_new_tokens,
                              strat.reads_heads)
-        rng = torch.Generator(slot.target.engine.device).manual_seed(req.seed)    # where verification runs
-        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, req.sampling, rng, slot.seq, 0,
+        st = DecodeState(slot.target, slot.draft if strat.needs_draft else None, req.sampling, slot.seq, 0,
                          record_trees=req.record_trees, budget=budget, prompt_len=len(req.prompt),
-                         stop_ids=req.stop_ids, grammar=req.grammar, heads=slot.heads)
+                         stop_ids=req.stop_ids, grammar=req.grammar, heads=slot.heads, seed=req.seed)
         self.state = st
         st.append(list(req.prompt))
         self.t0 = time.perf_counter()

@@ -13,6 +13,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..errors import RequestError
@@ -86,3 +87,34 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1)
+
+
+_MIX = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+
+
+def keyed_uniforms(seed: int, positions: np.ndarray) -> np.ndarray:
+    """float64 uniforms in (0, 1), one per position, each a function of (seed, position) alone
+    (splitmix64 of the pair): the draw that picks a sampled request's token at that position,
+    whatever tree, batch or device verifies it (verify.py)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(seed & (2**64 - 1)) * _MIX[0] + np.asarray(positions, dtype=np.uint64) * _MIX[1] + _MIX[0]
+        z = (z ^ (z >> np.uint64(30))) * _MIX[1]
+        z = (z ^ (z >> np.uint64(27))) * _MIX[2]
+        z = z ^ (z >> np.uint64(31))
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """[N] the token of each row of `probs` [N, V] that the uniform `u` [N] picks: the first whose
+    cumulative mass (float64, row by row) passes u x the row's total, never one past the last token
+    with mass."""
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    pick = torch.searchsorted(cdf, u.to(cdf.dtype).unsqueeze(1) * total, right=True)
+    return torch.minimum(pick, (cdf < total).sum(-1, keepdim=True))[:, 0]
+
+
+def keyed_draw(probs: torch.Tensor, seed: int, positions) -> torch.Tensor:
+    """inverse_cdf of `probs` [N, V] with the keyed uniforms of `positions` [N] (on probs' device)."""
+    u = torch.from_numpy(keyed_uniforms(seed, np.asarray(positions))).to(probs.device)
+    return inverse_cdf(probs, u)

@@ -64,8 +64,10 @@ def _verify_and_commit(st: DecodeState, proposal: Proposal, draft_s: float) -> C
     tree = proposal.tree.to(st.target.engine.device)
     raw, hidden = yield from st.target.verify(tree, hidden=True)
     logits = shape(st, tree, raw, masks)
-    scores, gen = (logits, None) if st.sampling.greedy else (probs_from_logits(logits, st.sampling), st.gen)
-    last, nxt = yield from check(tree, scores, gen)             # chosen and read with the phase's others
+    # sampled: the target's token at the root is the keyed draw of position n_tokens (verify.drawn)
+    scores, key = (logits, None) if st.sampling.greedy else (probs_from_logits(logits, st.sampling),
+                                                             (st.seed, st.n_tokens))
+    last, nxt = yield from check(tree, scores, key)             # chosen and read with the phase's others
     path = tree.path(last)
     st.target.cache.commit(path)
     if hidden is not None:                           # a target with hidden rows: the accepted path's

@@ -17,6 +17,7 @@ from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..effects import Calls, read
 from ..proposal import Proposal
+from ..sampling import keyed_draw
 from ..tree import TokenTree
 from .base import Strategy
 
@@ -35,10 +36,11 @@ class ChainSpeculative(Strategy):
         return self.nodes - 1
 
     def propose(self, st: DecodeState) -> Calls:
-        """Greedy or sampled chain from the draft model, each token's q row kept when sampled. The
-        draft cache may lag the sequence by a token or two (the bonus token, or the last draft whose
-        KV was never computed), so the first call feeds every pending token with the root. Draft row
-        of node i (i >= 1): pending + i - 1, for the drafts the draft was fed."""
+        """Greedy or sampled chain from the draft model (sampled: each token drawn with its position's
+        keyed uniform, its q row kept). The draft cache may lag the sequence by a token or two (the
+        bonus token, or the last draft whose KV was never computed), so the first call feeds every
+        pending token with the root. Draft row of node i (i >= 1): pending + i - 1, for the drafts
+        the draft was fed."""
         model, budget, values, greedy = self.model, st.budget, st.values, st.sampling.greedy
         yield from model.catch_up(st)
         pending = st.pending()
@@ -65,7 +67,8 @@ class ChainSpeculative(Strategy):
             st.ledger.value[i + 1] = v          # the step's facts: each node's value
             value = v
             if not greedy:
-                tok = (yield from read(torch.multinomial(q, 1, generator=st.gen)))[0]   # with its round's reads
+                # drawn with the uniform the target's token at this position is drawn with (verify.drawn)
+                tok = (yield from read(keyed_draw(q[None], st.seed, [st.n_tokens + i])))[0]   # with its round's reads
                 qs.append(q)
             probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)

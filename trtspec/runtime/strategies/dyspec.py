@@ -32,6 +32,7 @@ from ..budget import Plan, Round
 from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..effects import Calls, read
+from ..sampling import keyed_draw
 from .base import Strategy
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ class DySpec(Strategy):
         """One child per slot (parent, residual), drawn from its residual (greedy: the argmax), joining
         the tree where the round's `plan` lets its value in. Returns, per slot, (node, R[y], residual
         without y) or None. The slots have distinct parents, so their draws are apart: one read for
-        the round (sampled: two, as a child's value is known before it is drawn; the draws come from
-        the request's generator in slot order). `value`: the nodes' values, in the order they joined."""
+        the round (sampled: two, as a child's value is known before it is drawn; each draw uses its
+        position's keyed uniform). `value`: the nodes' values, in the order they joined."""
         greedy, values = st.sampling.greedy, st.values
         if not slots:
             return []
@@ -69,7 +70,10 @@ class DySpec(Strategy):
                 (yield from read(torch.stack([values.expected(res, tree.probs[p]) for p, res in slots])))
             vs = [value[p] * x for (p, _), x in zip(slots, e)]
             join = [plan.joins(v, self._ahead(tree, p)) for v, (p, _) in zip(vs, slots)]
-            ys = [torch.multinomial(res, 1, generator=st.gen)[0] if j else None for j, (_, res) in zip(join, slots)]
+            # each with the keyed uniform of the position it would take (verify.drawn): the target's
+            # draw there is the same inverse CDF, so a child agrees with it as often as they can
+            ys = [keyed_draw(res[None], st.seed, [st.n_tokens + int(tree.depth[p])])[0] if j else None
+                  for j, (p, res) in zip(join, slots)]
         # per drawn slot: the token (ids < 2^24), R[y], q[y] and the mass left once y is removed
         facts = [torch.stack([y.to(res.dtype), res[y], tree.probs[p][y], res.sum() - res[y]])
                  for j, y, (p, res) in zip(join, ys, slots) if j]
