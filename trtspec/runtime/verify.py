@@ -25,6 +25,7 @@ import torch
 from .sampling import keyed_draw
 from .tree import TokenTree
 
+
 def choose_together(checks: list, batched: bool | None = None) -> torch.Tensor:
     """[C, 2] device tensor of (last node, next token) per Check, in order. With `batched` (default:
     off the CPU) the checks are chosen in one pass over their flattened nodes; on the CPU, where a
