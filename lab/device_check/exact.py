@@ -167,9 +167,9 @@ def check(eng, draft, device, setting, ps, capacity, z, n: int, deadline, share:
 
 
 def sampled_batch(gen, ps, tokens: int) -> dict:
-    """8 sampled requests (fixed chains, whose trees do not follow the batch) at once, each against
-    its own run alone with the same seed: verified together in one walk (verify.WALK_ROWS rows), each
-    drawing from its own generator, a request's tokens must not depend on its neighbours."""
+    """8 sampled requests (chains of two lengths) at once, each against its own run alone with the
+    same seed: verified together in one pass, each node's token its keyed draw (verify.drawn), a
+    request's tokens must not depend on its neighbours (on the device, its cumulative sums included)."""
     sp = SamplingParams(temperature=1.0)
     jobs = [(ps[i % len(ps)], "chain:k=4" if i % 2 else "chain:k=2", i) for i in range(8)]
     alone = [gen.generate(p, strategy=s, sampling=sp, seed=seed, max_new_tokens=tokens).token_ids

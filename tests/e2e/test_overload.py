@@ -53,7 +53,7 @@ def test_overload_changes_no_answer_and_frees_every_slot(folder, tmp_path):  # n
 
 def test_sigterm_under_load_finishes_what_runs_and_exits_0(folder, tmp_path):  # noqa: F811
     s = Server(folder, "--max-batch", "2", "--max-queue", "4", "--drain-timeout", "120")
-    rc, report = overload(s, tmp_path, 40, "--drain-after", "15", "--server-pid", str(s.proc.pid))
+    rc, report = overload(s, tmp_path, 30, "--drain-after", "12", "--server-pid", str(s.proc.pid))
     summary = report["summary"]
     assert s.proc.wait(timeout=150) == 0, "".join(s.log)
     drain = summary["drain"]

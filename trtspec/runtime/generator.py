@@ -156,7 +156,7 @@ class Generator:
 
     def submit_choices(self, prompt_ids: list[int], n: int, seed: int = 0, **kwargs) -> list[Handle]:
         """`n` choices of one prompt (OpenAI's `n`): one prefill, whose rows the other choices copy
-        into their own slots; choice i samples with its own RNG stream (choice 0 with `seed` itself,
+        into their own slots; choice i samples with its own seed (choice 0 with `seed` itself,
         so it equals a lone request's answer; the others with seeds derived from (seed, i)), so
         `seed` reproduces the whole set. Other arguments: `request`'s."""
         if not (isinstance(n, int) and 1 <= n <= len(self.slots) * 4):

@@ -13,9 +13,10 @@ the node's distribution at a uniform keyed by (the request's seed, the position 
 (sampling.keyed_uniforms). A drafted token is accepted when it is that token. So each emitted token
 is an exact sample of the target's distribution at its position (a fresh uniform per position), and
 the same one whatever the tree, the batch, the shared history or the device: a seeded request's
-answer is its `ar` answer, under any strategy and any load (docs/design.md, "Keyed draws"). A draft
-token drawn from q with the same uniform (chain) is accepted as often as the two distributions'
-inverse CDFs agree; deterministic children (top-k) exactly as often as under recursive rejection.
+answer is its `ar` answer, under any strategy and any load (docs/design.md, "Runtime and
+strategies"). A draft token drawn from q with the same uniform (chain, dyspec) is accepted as often
+as the two inverse CDFs agree; deterministic children (top-k) exactly as often as under recursive
+rejection.
 """
 from __future__ import annotations
 

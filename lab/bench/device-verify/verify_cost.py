@@ -1,4 +1,6 @@
-"""CPU time of the sampling verification walk at the Qwen vocabulary (V = 151,936), before and after
+"""(Historical: measures the recursive-rejection walk that keyed draws replaced in 75a40c6; run it
+from a checkout before that commit, as its results in docs/benchmarks.md were.)
+CPU time of the sampling verification walk at the Qwen vocabulary (V = 151,936), before and after
 it moved to the device: the host walk of 7e8bd6c (a host read per child tried) vs `sampling_choice`
 as the CPU runs it (early exit) and as a GPU runs it (every trial, masked, no read).
 

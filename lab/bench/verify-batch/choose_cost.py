@@ -1,4 +1,6 @@
-"""What choosing a target phase's verifications costs, per phase, before and after one verification
+"""(Historical: measures the recursive-rejection walk that keyed draws replaced in 75a40c6; run it
+from a checkout before that commit, as its results in docs/benchmarks.md were.)
+What choosing a target phase's verifications costs, per phase, before and after one verification
 per batch: B requests' trees (the default pair's vocabulary, 151,936) verified together.
 
   before (CHECKOUT at 35220e9): each request's choice alone (greedy_choice / sampling_choice), then
