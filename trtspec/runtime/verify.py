@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .sampling import keyed_draw
+from .sampling import inverse_cdf, keyed_draw, keyed_uniforms
 from .tree import TokenTree
 
 
@@ -37,7 +37,11 @@ def choose_together(checks: list, batched: bool | None = None) -> torch.Tensor:
     if not batched:
         return torch.stack([greedy_choice(c.tree, c.scores) if c.key is None else
                             sampling_choice(c.tree, c.scores, c.key) for c in checks])
-    best = [c.scores.argmax(-1) if c.key is None else drawn(c.tree, c.scores, c.key) for c in checks]
+    sampled = [c for c in checks if c.key is not None]
+    if sampled:                                  # their uniforms (verify.drawn's) reach the device in one copy
+        host = np.concatenate([keyed_uniforms(c.key[0], c.key[1] + c.tree.host_depth) for c in sampled])
+        u = iter(torch.from_numpy(host).to(checks[0].scores.device).split([len(c.tree) for c in sampled]))
+    best = [c.scores.argmax(-1) if c.key is None else inverse_cdf(c.scores, next(u)) for c in checks]
     return _choices([c.tree for c in checks], best)
 
 

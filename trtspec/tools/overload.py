@@ -131,7 +131,8 @@ def send(client: httpx.Client, url: str, body: dict, leave_after: int | None = N
 
 def _refused(r: httpx.Response) -> dict:
     try:
-        message, code = r.json()["error"]["message"], r.json()["error"]["code"]
+        error = r.json()["error"]
+        message, code = error["message"], error["code"]
     except (ValueError, KeyError, TypeError):
         message, code = r.text[:200], None
     return {"status": r.status_code, "error": message, "code": code, "retry_after": r.headers.get("retry-after")}

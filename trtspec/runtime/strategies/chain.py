@@ -17,7 +17,7 @@ from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..effects import Calls, read
 from ..proposal import Proposal
-from ..sampling import keyed_draw
+from ..sampling import inverse_cdf, keyed_on
 from ..tree import TokenTree
 from .base import Strategy
 
@@ -48,6 +48,8 @@ class ChainSpeculative(Strategy):
         drafts: list[int] = []
         qs, probs = [], []
         value, fed = 1.0, 0
+        # sampled: the uniforms of the positions the drafts may take, on the device in one copy
+        u = None if greedy else keyed_on(logits.device, st.seed, st.n_tokens + np.arange(self.nodes))
         for i in range(self.nodes):
             logits = st.constrain(logits[-1:], [drafts])      # a grammar's mask after the drafts so far
             if greedy:                  # the argmax and its probability (the top-1): one host read
@@ -68,7 +70,7 @@ class ChainSpeculative(Strategy):
             value = v
             if not greedy:
                 # drawn with the uniform the target's token at this position is drawn with (verify.drawn)
-                tok = (yield from read(keyed_draw(q[None], st.seed, [st.n_tokens + i])))[0]   # with its round's reads
+                tok = (yield from read(inverse_cdf(q[None], u[i:i + 1])))[0]   # with its round's reads
                 qs.append(q)
             probs.append(top if greedy else q[tok])   # sampled: read only if the budget calibrates
             drafts.append(tok)

@@ -32,7 +32,7 @@ from ..budget import Plan, Round
 from ..decode import DecodeState
 from ..draft_model import DraftModel
 from ..effects import Calls, read
-from ..sampling import keyed_draw
+from ..sampling import inverse_cdf, keyed_on
 from .base import Strategy
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ class DySpec(Strategy):
             join = [plan.joins(v, self._ahead(tree, p)) for v, (p, _) in zip(vs, slots)]
             # each with the keyed uniform of the position it would take (verify.drawn): the target's
             # draw there is the same inverse CDF, so a child agrees with it as often as they can
-            ys = [keyed_draw(res[None], st.seed, [st.n_tokens + int(tree.depth[p])])[0] if j else None
-                  for j, (p, res) in zip(join, slots)]
+            u = keyed_on(slots[0][1].device, st.seed, [st.n_tokens + int(tree.depth[p]) for p, _ in slots])
+            ys = [inverse_cdf(res[None], u[i:i + 1])[0] if j else None for i, (j, (_, res)) in enumerate(zip(join, slots))]
         # per drawn slot: the token (ids < 2^24), R[y], q[y] and the mass left once y is removed
         facts = [torch.stack([y.to(res.dtype), res[y], tree.probs[p][y], res.sum() - res[y]])
                  for j, y, (p, res) in zip(join, ys, slots) if j]
