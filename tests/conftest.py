@@ -114,13 +114,16 @@ def llama_pair() -> TinyPair:
 
 @pytest.fixture(scope="session")
 def arch_pairs(llama_pair) -> dict[str, TinyPair]:
-    """llama, qwen2 (attention bias), mistral, qwen3 (q/k norms) and phi3 (partial rotary) tiny pairs,
-    vocab 512."""
+    """llama, qwen2 (attention bias), mistral, qwen3 (q/k norms), phi3 (partial rotary) and gemma3
+    (a windowed layer over 12 keys beside a global one) and qwen3_moe (2 of 4 experts per token)
+    tiny pairs, vocab 512."""
     return {"llama": llama_pair,
             "qwen2": make_pair("qwen2", vocab_size=512, num_layers=2, seed=1),
             "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2),
             "qwen3": make_pair("qwen3", vocab_size=512, num_layers=2, seed=3),
-            "phi3": make_pair("phi3", vocab_size=512, num_layers=2, seed=4)}
+            "phi3": make_pair("phi3", vocab_size=512, num_layers=2, seed=4),
+            "gemma3": make_pair("gemma3", vocab_size=512, num_layers=2, seed=5),
+            "qwen3_moe": make_pair("qwen3_moe", vocab_size=512, num_layers=2, seed=6)}
 
 
 @pytest.fixture(scope="session")

@@ -382,7 +382,9 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 3
 
 @pytest.mark.parametrize("arch,tie,rope", [("llama", False, LLAMA3), ("qwen2", True, None),
                                            ("mistral", False, {"type": "linear", "factor": 2.0}),
-                                           ("qwen3", True, None), ("phi3", False, LONGROPE)])
+                                           ("qwen3", True, None), ("phi3", False, LONGROPE),
+                                           ("gemma3", True, {"rope_type": "linear", "factor": 8.0}),
+                                           ("qwen3_moe", False, None)])
 def test_hf_converter_matches_decoder(arch, tie, rope):
     from conftest import reference_logits
     from trtspec.export.model import Decoder

@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import with_chat_template
+from conftest import reference_logits, with_chat_template
 from trtspec.cli import main
 from trtspec.assembly.config import ConfigError, load_config
 from trtspec.assembly.build import build_engines
@@ -133,46 +133,71 @@ def test_cli_bad_input_one_line(args, words):
     assert words in res.output and "Traceback" not in res.output
 
 
-def test_a_shipped_config_without_its_weights_is_refused_in_one_line(tmp_path, monkeypatch):
-    """qwen3-8b ships as a config only: built where its folders are not, one line names the path and
-    the fix, exit 1, and no output folder is left behind."""
+@pytest.mark.parametrize("name,folder", [("qwen3-8b", "Qwen3-8B"), ("gemma-3-1b", "gemma-3-1b-it"),
+                                         ("phi-4-mini", "Phi-4-mini-instruct"), ("qwen3-30b-a3b", "Qwen3-30B-A3B")])
+def test_a_shipped_config_without_its_weights_is_refused_in_one_line(tmp_path, monkeypatch, name, folder):
+    """qwen3-8b, gemma-3-1b, phi-4-mini and qwen3-30b-a3b ship as configs only: built where their
+    folders are not, one line names the path and the fix, exit 1, and no output folder is left behind."""
     monkeypatch.setenv("HOME", str(tmp_path))                      # ~/models/... is not there
-    res = CliRunner().invoke(main, ["build", "--config", "qwen3-8b", "--output", str(tmp_path / "out")])
+    res = CliRunner().invoke(main, ["build", "--config", name, "--output", str(tmp_path / "out")])
     assert res.exit_code == 1, res.output
     line = res.output.strip()
     assert "\n" not in line and "Traceback" not in line, res.output
-    assert f"model path {tmp_path}/models/Qwen3-8B does not exist" in line and "point the config's model:" in line
+    assert f"model path {tmp_path}/models/{folder} does not exist" in line and "point the config's model:" in line
     assert not (tmp_path / "out").exists()
 
 
-def test_a_sliding_window_shorter_than_the_context_is_refused_in_one_line(tmp_path):
-    """A Phi-3 folder whose attention is windowed (Phi-3-mini's 2,047) built for a longer context:
-    one line naming the window and the fix, exit 1, nothing left behind (windows are not modelled)."""
+WINDOWED = {  # tiny HF models whose attention is windowed (8 keys) in a context of 128
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=8, pad_token_id=0, eos_token_id=None,
+                                                   bos_token_id=None)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        sliding_window=8, sliding_window_pattern=2, num_hidden_layers=2, head_dim=16, query_pre_attn_scalar=24,
+        pad_token_id=0, eos_token_id=None, bos_token_id=None)),
+}
+
+
+@pytest.mark.parametrize("arch", list(WINDOWED))
+def test_a_sliding_window_model_builds_and_equals_transformers(tmp_path, arch):
+    """A Hugging Face folder whose layers attend over a window shorter than the context (Phi-3-mini's
+    2,047 keys; Gemma 3's 512-1,024 in five layers of six) builds to ONNX Runtime and its greedy
+    output, `ar` and a tree strategy alike, equals transformers' own generate on the same weights,
+    over a prompt and an output far past the window."""
     import shutil
 
     import transformers
 
     from trtspec.assembly.sources import TINY_TOKENIZER
-    folder = tmp_path / "phi3"
-    transformers.Phi3ForCausalLM(transformers.Phi3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, sliding_window=64, pad_token_id=0)).save_pretrained(folder)
+    from trtspec.export.tokenizer import load_tokenizer
+    from trtspec.runtime.prompts import Prompt, encode
+    cfg_cls, model_cls, extra = WINDOWED[arch]
+    folder = tmp_path / arch
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**{
+        **dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256), **extra})).eval()
+    with torch.no_grad():             # peaked distributions (no argmax near-ties between two fp32 implementations)
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.3 if "norm" in name else 1.0 if "embed" in name else 2.0 / p.shape[-1] ** 0.5)
+    model.save_pretrained(folder)
     for f in TINY_TOKENIZER.iterdir():
         shutil.copy(f, folder)
-    config = tmp_path / "phi3.yaml"
-    config.write_text(f"name: phi3\ntarget: {{model: '{folder}'}}\nmax_seq_len: 128\nstrategy: ar\n")
-    res = CliRunner().invoke(main, ["build", "--config", str(config), "--output", str(tmp_path / "out")])
-    assert res.exit_code == 1, res.output
-    line = res.output.strip().splitlines()[-1]
-    assert "sliding window of 64 tokens" in line and "max_seq_len to at most 64" in line, res.output
-    assert "Traceback" not in res.output and not (tmp_path / "out").exists()
-    # within the window it builds (the joined q/k/v and gate/up split as they stream into the graph) and runs
-    config.write_text(config.read_text().replace("max_seq_len: 128", "max_seq_len: 64"))
+    config = tmp_path / f"{arch}.yaml"
+    config.write_text(f"name: {arch}\ntarget: {{model: '{folder}'}}\nmax_seq_len: 128\nstrategy: ar\n")
     res = CliRunner().invoke(main, ["build", "--config", str(config), "--output", str(tmp_path / "out")])
     assert res.exit_code == 0, res.output
-    res = CliRunner().invoke(main, ["run", "--engines", str(tmp_path / "out"), "--prompt", "def f(x):",
-                                    "--max-new-tokens", "8", "--json", "--threads", "1"])
-    assert res.exit_code == 0 and 1 <= json.loads(res.output.strip().splitlines()[-1])["stats"]["new_tokens"] <= 8, res.output
+    text = "def window(x):\n    return [x, x + 1, x * 2]  # well past eight tokens"
+    ids = encode(Prompt(id="p", text=text), load_tokenizer(folder, cache=False))
+    assert len(ids) > 16
+    with torch.no_grad():
+        t = torch.tensor([ids])
+        ref = model.generate(t, attention_mask=torch.ones_like(t), max_new_tokens=40, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    for strategy in ("ar", "ngram"):
+        res = CliRunner().invoke(main, ["run", "--engines", str(tmp_path / "out"), "--prompt", text, "--strategy",
+                                        strategy, "--max-new-tokens", "40", "--json", "--threads", "1"])
+        assert res.exit_code == 0, res.output
+        got = json.loads(res.output.strip().splitlines()[-1])["token_ids"]
+        assert got and got == ref[:len(got)], (strategy, got, ref)      # (it may end early at a stop id)
 
 
 def test_prompt_too_long(engines):
@@ -325,6 +350,50 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     engine = OrtEngine(tmp_path / "level4.onnx", target.spec, intra_op_threads=1)
     differ, nodes, _, _ = count_differences(engine, target.spec.vocab_size, trees=40, longest=200)
     assert differ > nodes // 2, (differ, nodes)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "qwen3", "phi3", "gemma3", "qwen3_moe"])
+def test_every_family_is_exact_in_trees(tmp_path, arch):
+    """Each family beside llama (test_an_int8_activation_target_is_exact), among them Gemma 3's form
+    (tiny:0 as gemma3: a layer over a 12-key window beside a global one) and Qwen3-MoE's (2 of 4
+    experts per token, rows of one tree routed to different experts), as int4 targets with int8
+    activations (exact attention): 300 random trees of up to 16 nodes (deeper than
+    the window) at cached 16-200, each node's logits bit-identical to the same path decoded one token
+    at a time; for the two new forms, every strategy reproduces its `ar`, alone and sharing a batch
+    (the others' strategies: tests/integration, on tiny pairs of each family)."""
+    from trtspec.export.tiny import tiny_pair, tiny_spec
+    cfg = load_config(TINY).with_backend("onnxruntime")
+    for entry in (cfg.target, cfg.draft):
+        entry.tiny.arch = arch
+    cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "int4", "int8", "int8"
+    folder = build_engines(cfg, tmp_path / arch, log=lambda *a, **k: None)
+    info = verify(folder)["models"]["target"]
+    assert info["spec"]["arch"] == arch and info["attention"] == "fp64"
+    if arch == "gemma3":
+        assert info["spec"]["sliding_window"] == 12
+    elif arch == "qwen3_moe":  # the rows of a 16-token forward pick different experts
+        target, _ = tiny_pair(tiny_spec(**cfg.target.tiny.model_dump()), seed=0)
+        picked = []
+        target.model.layers[1].mlp.gate.register_forward_hook(
+            lambda m, i, out: picked.append(out.topk(2, -1).indices.sort(-1).values))
+        reference_logits(target, list(range(40, 56)))
+        assert len({tuple(p) for p in picked[0][0].tolist()}) >= 3, picked
+    res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
+    assert res.exit_code == 0, res.output
+    line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
+    assert " 0 of " in line and line.endswith("bit-identical"), line
+    if arch not in ("gemma3", "qwen3_moe"):   # the older families' strategies: tests/integration's tiny pairs
+        return
+    gen = load_generator(folder)
+    prompts = [gen.tokenizer(p)["input_ids"] for p in ("for i in range(10):\n    print(i)\n", "def f(x):\n")]
+    refs = [gen.generate(p, strategy="ar", max_new_tokens=32).token_ids for p in prompts]
+    strategies = ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix")
+    for strategy in strategies:
+        for p, ref in zip(prompts, refs):
+            assert gen.generate(p, strategy=strategy, max_new_tokens=32).token_ids == ref, strategy
+    handles = [(ref, gen.submit(p, strategy=s, max_new_tokens=32)) for s in strategies for p, ref in zip(prompts, refs)]
+    assert all(h.result().token_ids == ref for ref, h in handles)
+    gen.close()
 
 
 def test_an_int8_activation_target_samples_exactly(int8_folder):

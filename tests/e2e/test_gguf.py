@@ -3,6 +3,8 @@ practice, llama.cpp's q/k permutation undone, truncation), and the real SmolLM2-
 with transformers' own GGUF loader."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -39,9 +41,12 @@ def gguf_name(hf: str) -> str:
 
 
 def write_gguf(path, arch: str, cfg, tensors: dict[str, np.ndarray], raw: dict[str, Q] | None = None,
-               name: str = "tiny") -> None:
-    """A GGUF with llama.cpp's metadata keys; `raw` names tensors given as already-quantized bytes."""
+               name: str = "tiny", more=None) -> None:
+    """A GGUF with llama.cpp's metadata keys; `raw` names tensors given as already-quantized bytes;
+    `more(writer)` adds a family's own keys."""
     w = gguf.GGUFWriter(str(path), arch)
+    if more:
+        more(w)
     w.add_name(name)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -117,6 +122,72 @@ def test_f32_gguf_gives_back_hf_weights_and_logits(tmp_path, arch):
         ref = model(torch.tensor([TOKENS])).logits[0]
     ours = reference_logits(load_decoder(path), TOKENS)
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_f32_gguf_of_gemma3_and_qwen3moe_gives_back_hf_weights_and_logits(tmp_path):
+    """The two families whose GGUF names differ from llama's, written as llama.cpp's converter writes
+    them (tests/e2e/test_llama_cpp_families.py runs the converter itself where its tree is built):
+    Gemma 3's four norms per layer stored as 1 + w, its window and local rotary base as metadata;
+    Qwen3-MoE's router and stacked experts. Loaded back under our names, bit for bit, with
+    transformers' logits."""
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-5)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",   # Gemma's
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "mlp.gate": "ffn_gate_inp"}
+    torch.manual_seed(0)
+    cases = {
+        "gemma3": (transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            **base, num_hidden_layers=6, sliding_window=5, query_pre_attn_scalar=16)), lambda w: (
+            w.add_sliding_window(5), w.add_rope_freq_base_swa(10000.0), w.add_key_length(16), w.add_value_length(16))),
+        "qwen3moe": (transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            **base, num_hidden_layers=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, tie_word_embeddings=False)), lambda w: (
+            w.add_expert_count(6), w.add_expert_used_count(2), w.add_expert_feed_forward_length(32), w.add_key_length(16))),
+    }
+    for arch, (model, more) in cases.items():
+        model.eval()
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "norm" in n:
+                    p.normal_(0.5, 0.3)
+        ours, tensors = {}, {}                       # our names -> values; GGUF names -> what the file holds
+        for k, v in model.state_dict().items():
+            if k == "lm_head.weight" and model.config.tie_word_embeddings:
+                continue
+            if k.endswith("experts.gate_up_proj"):   # transformers 5 holds gate and up stacked as one
+                layer = k.split(".")[2]
+                for part, half in zip(("gate", "up"), v.chunk(2, 1)):
+                    ours[k.replace("gate_up_proj", f"{part}_proj")] = half
+                    tensors[f"blk.{layer}.ffn_{part}_exps.weight"] = half.contiguous().numpy()
+                continue
+            if k.endswith("experts.down_proj"):
+                ours[k], tensors[f"blk.{k.split('.')[2]}.ffn_down_exps.weight"] = v, v.numpy()
+                continue
+            stored = 1.0 + v if arch == "gemma3" and k.endswith("norm.weight") else v
+            ours[k] = stored
+            m = re.match(r"model\.layers\.(\d+)\.(.+)\.weight$", k)
+            own = m and (arch == "gemma3" or m.group(2) == "mlp.gate")      # else llama's names
+            tensors[f"blk.{m.group(1)}.{names[m.group(2)]}.weight" if own else gguf_name(k)] = stored.numpy()
+        cfg = model.config
+        cfg.rope_parameters = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+        path = tmp_path / f"{arch}.gguf"
+        write_gguf(path, arch, cfg, tensors, more=more)
+        spec, state = load_checkpoint(path)
+        assert state.keys() == ours.keys()
+        assert all(torch.equal(state[k], ours[k]) for k in ours), [k for k in ours if not torch.equal(state[k], ours[k])]
+        if arch == "gemma3":
+            assert spec.norm_weights_shifted and spec.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+            assert (spec.sliding_window, spec.local_rope_theta, spec.query_pre_attn_scalar) == (5, 10000.0, 16)
+        else:
+            assert (spec.num_experts, spec.experts_per_token, spec.moe_intermediate_size, spec.norm_topk_prob) == \
+                (6, 2, 32, True)
+        with torch.no_grad():
+            ref = model(torch.tensor([TOKENS])).logits[0]
+        got = reference_logits(load_decoder(path), TOKENS)
+        assert (got - ref).abs().max() <= 1e-4 * ref.abs().max(), arch
 
 
 def _k_quant_bytes(qtype: Q, rows: int, cols: int, rng) -> np.ndarray:
@@ -209,7 +280,7 @@ def test_unsupported_gguf_architecture(tmp_path):
     cfg, model = tiny_hf("llama")
     path = tmp_path / "gpt2.gguf"
     write_gguf(path, "gpt2", cfg, {"token_embd.weight": model.state_dict()["model.embed_tokens.weight"].numpy()})
-    with pytest.raises(SpecError, match="unsupported GGUF architecture 'gpt2'.*reads llama, qwen2, qwen3 GGUF "
+    with pytest.raises(SpecError, match="unsupported GGUF architecture 'gpt2'.*reads llama, qwen2, qwen3, phi3, gemma3, qwen3moe GGUF "
                                         "files; pick a model of one of those families"):
         load_checkpoint(path)
 

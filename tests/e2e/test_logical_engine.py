@@ -73,3 +73,11 @@ def test_strategies_equal_ar_alone_and_batched(pair):
         assert [h.result(timeout=600).token_ids for h in handles] == refs
     finally:
         gen.close()
+
+
+def test_a_windowed_model_is_refused_in_one_line():
+    """The kernel walks every committed key: a model with sliding windows is refused, naming the fallback."""
+    from trtspec.errors import ConfigError
+    target, _ = tiny_pair(tiny_spec("gemma3"), seed=0)
+    with pytest.raises(ConfigError, match="exactness: logical has no sliding windows yet .*exactness: fixed-fp64"):
+        LogicalTorchEngine(target)

@@ -13,8 +13,15 @@ from trtspec.export.spec import ModelSpec, SpecError
 
 # llama, qwen2 and qwen3 (q/k norms, head_dim 32 != 64 / 4) go through the default (dynamo) exporter;
 # mistral, structurally llama, covers the TorchScript fallback so both exporters stay tested; phi3
-# (rotary over 3/4 of each head) through dynamo too.
-EXPORTER = {"llama": "dynamo", "qwen2": "dynamo", "mistral": "torchscript", "qwen3": "dynamo", "phi3": "dynamo"}
+# (rotary over 3/4 of each head), gemma3 (a windowed layer) and qwen3_moe (routed experts) through dynamo too.
+EXPORTER = {"llama": "dynamo", "qwen2": "dynamo", "mistral": "torchscript", "qwen3": "dynamo", "phi3": "dynamo",
+            "gemma3": "dynamo", "qwen3_moe": "dynamo"}
+ARCHS = list(EXPORTER)
+# gemma3: a layer over a 5-key window (with its own rotary base) beside a global one, GeGLU, (1 + w) norms
+GEMMA = dict(sliding_window=5, layer_types=["sliding_attention", "full_attention"], local_rope_theta=1000.0,
+             query_pre_attn_scalar=24, hidden_act="gelu_pytorch_tanh")
+# qwen3_moe: 2 of 4 experts per token in layer 1, a dense MLP in layer 0
+MOE = dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0])
 
 
 def tiny_spec(arch: str) -> ModelSpec:
@@ -22,7 +29,8 @@ def tiny_spec(arch: str) -> ModelSpec:
     return ModelSpec(arch=arch, vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=32 if arch == "qwen3" else 16, rope_theta=10000.0,
                      attention_bias=qwen, tie_word_embeddings=qwen or arch == "qwen3",
-                     rotary_dim=12 if arch == "phi3" else None)
+                     rotary_dim=12 if arch == "phi3" else None, **(GEMMA if arch == "gemma3" else {}),
+                     **(MOE if arch == "qwen3_moe" else {}))
 
 
 def tiny_model(arch: str, dtype=torch.float32) -> Decoder:
@@ -99,7 +107,7 @@ def run_both(engines, caches, args, rel=1e-4):
 
 # --- (a) the graph -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_export_graph_is_standard_onnx(exported, arch):
     model, path = exported(arch)
     onnx.checker.check_model(str(path))
@@ -153,7 +161,7 @@ def test_attention_reads_the_past_where_it_lies_as_it_lies(arch, exact, tmp_path
 
 # --- (b, d) ORT against torch, in place on the cache --------------------------------------------
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_ort_matches_torch(exported, arch):
     model, path = exported(arch)
     engines = TorchEngine(model), OrtEngine(path, model.spec, intra_op_threads=1)
@@ -263,3 +271,28 @@ def test_dynamo_failure_falls_back_to_torchscript(tmp_path, monkeypatch, caplog)
     engine, ref = OrtEngine(path, model.spec, intra_op_threads=1), TorchEngine(model)
     args = prefill(torch.Generator().manual_seed(5), 0, 4)
     assert_step_close(engine.step(engine.new_cache(8), *args), ref.step(ref.new_cache(8), *args))
+
+
+def test_an_experts_row_is_the_same_alone_and_among_others(tmp_path):
+    """Routed experts through ONNX Runtime: a token's output alone equals its output among 1-15 other
+    tokens bit for bit (each row gathers and multiplies its own experts; the slots are summed one by
+    one: a ReduceSum over them took another order for one row than for several at this size)."""
+    from trtspec.export.model import MoE
+    spec = ModelSpec(arch="qwen3_moe", vocab_size=16, hidden_size=512, intermediate_size=64, num_layers=1,
+                     num_heads=1, num_kv_heads=1, head_dim=512, num_experts=16, experts_per_token=8,
+                     moe_intermediate_size=64, norm_topk_prob=True)
+    torch.manual_seed(0)
+    moe = MoE(spec).eval()
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(0, p.shape[-1] ** -0.5)
+    x = torch.randn(1, 16, 512)
+    torch.onnx.export(moe, (x,), str(tmp_path / "moe.onnx"), dynamo=True, opset_version=18, input_names=["x"],
+                      dynamic_shapes={"x": {1: torch.export.Dim("rows")}})
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(tmp_path / "moe.onnx"), providers=["CPUExecutionProvider"])
+    full = sess.run(None, {"x": x.numpy()})[0][0]
+    with torch.no_grad():
+        assert float(abs(full - moe(x)[0].numpy()).max()) <= 1e-5 * float(abs(full).max())
+    for t in (1, 2, 3, 8):
+        assert (sess.run(None, {"x": x[:, :t].numpy()})[0][0] == full[:t]).all(), t

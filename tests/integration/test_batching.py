@@ -189,6 +189,23 @@ def test_batch_invariance_onnxruntime(ort_folder):
         check_batch_invariance(gen, reqs)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3_moe"])
+def test_batch_invariance_windows_and_experts(arch_pairs, arch):
+    """Gemma 3's form (a layer over a 12-key window beside a global one; prompts and outputs longer
+    than the window) and Qwen3-MoE's (each row's 2 of 4 experts): mixed strategies in one batch,
+    each equal to its `ar` alone."""
+    pair = arch_pairs[arch]
+    gen = Generator(pair.target_engine, pair.draft_engine, capacity=128, slots=8)
+    rng = random.Random(6)
+    try:
+        for b in (3, 8):
+            reqs = [([rng.randint(1, 400) for _ in range(rng.randint(5, 20))], NAMES[i % len(NAMES)],
+                     rng.randint(10, 30)) for i in range(b)]
+            check_batch_invariance(gen, reqs)
+    finally:
+        gen.close()
+
+
 def test_batches_really_form(batch_gen):
     """The scheduler runs concurrent requests' calls together (fewer engine steps than alone)."""
     b = batch_gen.batchers["target"]

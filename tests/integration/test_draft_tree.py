@@ -155,7 +155,7 @@ def grow(pair, st: DecodeState, rng, rounds: int) -> tuple[DraftTree, list[int]]
 @SETTINGS
 @given(prompt=hst.lists(hst.sampled_from(ALPHABET), min_size=3, max_size=20), lag=hst.integers(1, 3),
        rounds=hst.integers(1, 5), seed=hst.integers(0, 2**31 - 1))
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "qwen3_moe"])
 def test_fed_probs_equal_reference(arch_pairs, arch, prompt, lag, rounds, seed):
     pair = arch_pairs[arch]
     rng = np.random.default_rng(seed)

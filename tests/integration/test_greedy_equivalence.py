@@ -1,6 +1,6 @@
 """The core lossless property under greedy decoding: every strategy emits exactly `ar`'s tokens.
 
-Tiny random llama / qwen2 (attention bias) / mistral pairs; prompts drawn from a small token subset
+Tiny random pairs of every family (gemma3: a layer over a 12-key window); prompts drawn from a small token subset
 so that n-gram matches (and hence n-gram drafts) actually happen.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import reference_logits
 from trtspec.runtime.generator import Generator
 from trtspec.runtime.strategies import ChainSpeculative, NGramSpeculative
 
-ARCHS = ["llama", "qwen2", "mistral", "qwen3", "phi3"]
+ARCHS = ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "qwen3_moe"]
 ALPHABET = [3, 17, 99, 250, 401, 7]
 SETTINGS = settings(max_examples=int(os.environ.get("TRTSPEC_EQ_EXAMPLES", "40")), deadline=None, database=None)
 

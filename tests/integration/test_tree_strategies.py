@@ -3,7 +3,8 @@
 Every tree strategy must emit exactly `ar`'s tokens (the target's greedy continuation), whatever
 tree it drafts. Hypothesis draws prompts (random and repetitive, so that n-gram proposals, stage-2
 reviews, MaG copies and GSD merges really happen), strategy options and max_new_tokens, on tiny
-random llama / qwen2 (attention bias) / mistral pairs (vocab 512, flat draft distributions) and the
+random llama / qwen2 (attention bias) / mistral / gemma3 (a layer over a 12-key window, so trees
+cross its edge) / qwen3_moe (a tree's rows route to different experts) pairs (vocab 512, flat draft distributions) and the
 16-token pair (peaked distributions: deep dyspec-threshold trees, many GSD merges).
 
 Also: the speculation is not vacuous (drafts accepted and rejected, stage-2 tokens kept, GSD merges
@@ -27,9 +28,10 @@ from conftest import SMALL_VOCAB
 from trtspec.runtime.strategies import GSD, Cascade, DySpec, NGramSpeculative, Staged, SuffixSpeculative
 
 ROOT = Path(__file__).resolve().parents[2]
-ARCHS = ["llama", "qwen2", "mistral", "small"]
+ARCHS = ["llama", "qwen2", "mistral", "gemma3", "qwen3_moe", "small"]
 ALPHABETS = {"llama": [3, 17, 99, 250, 401, 7], "qwen2": [3, 17, 99, 250, 401, 7],
-             "mistral": [3, 17, 99, 250, 401, 7], "small": [1, 3, 5, 7, 2, 11]}
+             "mistral": [3, 17, 99, 250, 401, 7], "gemma3": [3, 17, 99, 250, 401, 7],
+             "qwen3_moe": [3, 17, 99, 250, 401, 7], "small": [1, 3, 5, 7, 2, 11]}
 MAX_NEW = 40
 N_EXAMPLES = int(os.environ.get("TRTSPEC_TREE_EXAMPLES", "10"))
 SETTINGS = settings(max_examples=N_EXAMPLES, deadline=None, database=None)
@@ -199,6 +201,8 @@ def test_suffix_equals_ar(gens, ar_ref, arch, idx, max_new, budget, width, min_p
 # one-token and a tree forward, so a tree shape budget auto happened to choose could "diverge" there.
 FIXED_PROMPTS = {"llama": [[3, 17, 99, 3, 17, 99, 3, 17], [7] * 12, [401, 250, 7, 3, 401], [3, 17] * 8,
                            [250]],
+                 "gemma3": [[3, 17, 99, 3, 17, 99, 3, 17, 99, 3, 17, 99, 3, 17], [7] * 12, [250]],
+                 "qwen3_moe": [[3, 17, 99, 3, 17, 99, 3, 17], [401, 250, 7, 3, 401]],
                  "small": [[1, 3, 5, 1, 3, 5, 1], [7], [2, 11, 2, 11, 2]]}
 
 

@@ -27,8 +27,8 @@ CASES = {
     # q/k/v bias, tied embeddings
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, eos_token_id=[2, 5],
                                                      rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
-    # head_dim (32) != hidden / heads (16)
-    "mistral": ("MistralConfig", "MistralForCausalLM", dict(head_dim=32, sliding_window=None,
+    # head_dim (32) != hidden / heads (16); every layer over a sliding window of 6 keys (the prompt is 20)
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(head_dim=32, sliding_window=6,
                                                            tie_word_embeddings=False)),
     # per-head q/k RMSNorm before rotary, no biases, head_dim (32) from the config, tied embeddings
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=True,
@@ -37,13 +37,24 @@ CASES = {
     # short factors: the 72 positions of the greedy test stay within the original 80)
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=None,
                                                    original_max_position_embeddings=80, rope_parameters=LONGROPE)),
+    # (1 + w) norms, scaled embeddings, GeGLU, q/k norms, four norms per layer, query_pre_attn_scalar;
+    # layers 0 and 1 over a window of 5 keys with their own rotary base, layer 2 global with linear scaling
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        num_hidden_layers=3, head_dim=32, query_pre_attn_scalar=24, sliding_window=5, sliding_window_pattern=3,
+        tie_word_embeddings=True, pad_token_id=0, eos_token_id=None, bos_token_id=None,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # 2 of 6 experts per token, renormalized, in layers 1 and 2; layer 0 keeps a dense MLP
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        num_hidden_layers=3, head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+        norm_topk_prob=True, mlp_only_layers=[0], tie_word_embeddings=False)),
 }
 
 
 def hf_model(arch: str, seed: int = 0):
     cfg_cls, model_cls, extra = CASES[arch]
     torch.manual_seed(seed)
-    cfg = getattr(transformers, cfg_cls)(**BASE, **extra)
+    cfg = getattr(transformers, cfg_cls)(**{**BASE, **extra})
     model = getattr(transformers, model_cls)(cfg).eval()
     with torch.no_grad():  # random biases and norm weights (not zeros and ones): a dropped one is noticed
         for name, p in model.named_parameters():
@@ -51,6 +62,8 @@ def hf_model(arch: str, seed: int = 0):
                 p.normal_(0, 0.5)
             elif name.endswith("norm.weight"):
                 p.normal_(1, 0.3)
+            elif name.endswith("mlp.gate.weight"):      # the router: peaked (0.02 would route by noise)
+                p.normal_(0, 1.0)
     return model
 
 
@@ -234,3 +247,42 @@ def test_not_a_gguf_file(tmp_path):
     f.write_bytes(b"PK\x03\x04 not a gguf")
     with pytest.raises(SpecError, match="not a GGUF file"):
         load_checkpoint(f)
+
+
+def test_a_multimodal_gemma3_folder_loads_its_language_model(tmp_path):
+    """Gemma 3 4B-27B ship as Gemma3ForConditionalGeneration (config `gemma3` with a sparse
+    `text_config`, weights under `language_model.*` beside a vision tower): the decoder is read from
+    them and gives transformers' text-only logits; the vision tower is left unread."""
+    torch.manual_seed(2)
+    text = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, sliding_window=5, sliding_window_pattern=2,
+                query_pre_attn_scalar=24, max_position_embeddings=128,
+                rope_scaling={"rope_type": "linear", "factor": 4.0})
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                    image_token_index=90, boi_token_index=91, eoi_token_index=92)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0, 0.3)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved["text_config"] = {k: saved["text_config"][k] for k in ("model_type", "hidden_size", "intermediate_size",
+                            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                            "sliding_window", "query_pre_attn_scalar", "max_position_embeddings", "vocab_size",
+                            "layer_types", "rope_parameters")}          # sparse, as the Hub's configs are
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    dec = load_decoder(tmp_path)
+    assert dec.spec.arch == "gemma3" and dec.spec.rope_scaling["factor"] == 4.0 and dec.spec.tie_word_embeddings
+    tokens = [3, 17, 42, 5, 86, 0, 61, 8, 23, 77, 12, 40, 9, 33, 1, 50]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([tokens])).logits[0].float()
+    ours = reference_logits(dec, tokens)
+    assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+    from trtspec.engines.weights import SafetensorsWeights
+    streamed = SafetensorsWeights(tmp_path)
+    assert set(streamed.shapes) == set(dec.state_dict()) - {"lm_head.weight"}
+    assert torch.equal(streamed.get("model.layers.1.self_attn.k_norm.weight", torch.float32),
+                       model.model.language_model.layers[1].self_attn.k_norm.weight)

@@ -281,10 +281,6 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
                 raise EngineError(f"max_seq_len {cfg.max_seq_len} is longer than {role} {entry.model} was "
                                   f"trained for ({spec.max_position_embeddings} positions); lower "
                                   "max_seq_len in the config")
-            if spec.sliding_window and cfg.max_seq_len > spec.sliding_window:
-                raise EngineError(f"{role} {entry.model} attends over a sliding window of {spec.sliding_window} "
-                                  "tokens, which trtspec does not model yet; set max_seq_len to at most "
-                                  f"{spec.sliding_window} in the config")
             choose_rope_factors(spec, cfg.max_seq_len)   # longrope: short or long factors, fixed per engine
             info["spec"] = spec.to_dict()
             exact = exact_attention(role, entry) and want_onnx

@@ -49,6 +49,7 @@ class TinyOptions(Strict):
     num_heads: Annotated[int, Field(ge=1, le=32)] = 4
     num_kv_heads: Annotated[int, Field(ge=1, le=32)] = 2
     tie: bool = False
+    window: Annotated[int, Field(ge=1)] | None = None    # a sliding window (every layer; Gemma 3: its windowed ones)
 
     @model_validator(mode="after")
     def _shape(self) -> "TinyOptions":

@@ -52,7 +52,7 @@ def truncate_layers(spec: ModelSpec, state: dict, n: int) -> tuple[ModelSpec, di
         raise ConfigError(f"layers: {n} must be below the model's {spec.num_layers} layers")
     from ..engines.weights import in_first_layers
     keep = {k: v for k, v in state.items() if in_first_layers(k, n)}
-    return ModelSpec.from_dict({**spec.to_dict(), "num_layers": n}), keep
+    return spec.first_layers(n), keep
 
 
 def load_tokenizer_for(entry: ModelEntry):

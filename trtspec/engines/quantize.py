@@ -139,7 +139,7 @@ def quantize_decoder(model: Decoder, mode: str) -> Decoder:
         raise ValueError(f"the torch backend quantizes drafts to int8 only, not {mode!r}")
     if model.model.embed_tokens.weight.dtype != torch.float32:
         model = model.float()              # dynamic int8 kernels take float32 activations
-        model.inv_freq = model.inv_freq.float()
+        model.reset_rotary()
     with warnings.catch_warnings():        # torch.ao prints a migration notice on every call
         warnings.simplefilter("ignore")
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)

@@ -39,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..export.contract import io_names
 from ..export.packs import cache_dir, write_atomic
-from ..export.model import Decoder, rope_inv_freq
+from ..export.model import Decoder
 from ..export.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
             model = Decoder(spec)
     finally:
         torch.set_default_dtype(default)
-    model.inv_freq = rope_inv_freq(spec)          # a real (tiny) buffer, as Decoder.from_state makes it
+    model.reset_rotary()                          # real (tiny) buffers, as Decoder.from_state makes them
     if exact:
         model.exact_attention()
     return model.eval().requires_grad_(False)

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..export.families.base import unjoined
+from ..export.families import by_gguf
+from ..export.families.base import decoder_names, unjoined
 from ..export.spec import ModelSpec, SpecError
 
 
@@ -65,13 +66,24 @@ class GGUFWeights(Weights):
             raise
         except (TypeError, ValueError, ArithmeticError) as e:
             raise _corrupt(Path(path), f"a metadata value is out of range or of the wrong type ({e})") from None
-        self.tensors = {hf_name(t.name): t for t in self.file.tensors if hf_name(t.name) is not None}
-        for name, t in self.tensors.items():      # before any data is read: the table must fit the metadata
-            expect = expected_shape(name, self.spec)
-            if expect is not None and tuple(t.shape) != expect:
+        family = by_gguf(self.spec.extra["gguf_arch"])
+        self.tensors, self.slices = {}, {}       # name -> its GGUF tensor (and its rows of it: Phi-3's joined ones)
+        for t in self.file.tensors:
+            if (joined := hf_name(t.name, family)) is None:
+                continue
+            expect = expected_shape(joined, self.spec)
+            parts = unjoined(self.spec, joined)
+            if parts:
+                expect = (parts[-1][2], *t.shape[1:])
+            if expect is not None and tuple(t.shape) != expect:   # before any data is read: the table must fit
                 raise _corrupt(self.file.path, f"tensor {t.name} has shape {list(t.shape)}, the metadata implies "
                                                f"{list(expect)}")
-        self.shapes = {k: tuple(t.shape) for k, t in self.tensors.items() if not _tied(self.spec, k)}
+            for name, a, b in parts or [(joined, None, None)]:
+                self.tensors[name] = t
+                if a is not None:
+                    self.slices[name] = slice(a, b)
+        self.shapes = {k: (self.slices[k].stop - self.slices[k].start, *t.shape[1:]) if k in self.slices else
+                       tuple(t.shape) for k, t in self.tensors.items() if not _tied(self.spec, k)}
 
     def _rows(self, name: str):
         from ..export.gguf_loader import unpermute_rope
@@ -88,6 +100,8 @@ class GGUFWeights(Weights):
             w = torch.from_numpy(_dequantize(self.file, t))
         except ValueError as e:
             raise _corrupt(self.file.path, f"tensor {t.name}: {e}") from None
+        if name in self.slices:
+            w = w[self.slices[name]]
         if (perm := self._rows(name)) is not None:
             w = perm(w)
         return w.to(dtype).contiguous()
@@ -103,6 +117,8 @@ class GGUFWeights(Weights):
         bl = decode(self.file.raw(t), t.qtype, tuple(t.shape)) if len(t.shape) == 2 else None
         if bl is None:
             return None
+        if name in self.slices:
+            bl = bl.rows(np.arange(self.slices[name].start, self.slices[name].stop))
         if (perm := self._rows(name)) is not None:
             bl = bl.rows(perm(torch.arange(t.shape[0])).numpy())
         w = self.get(name, torch.float32).numpy()
@@ -133,16 +149,28 @@ class SafetensorsWeights(Weights):
         for file in _safetensors_files(folder):
             with safe_open(file, framework="pt") as f:
                 for key in f.keys():
-                    if key.endswith("rotary_emb.inv_freq") or _tied(self.spec, key):
+                    # renamed (a multimodal checkpoint's language model), split (Phi-3's joined ones), or none
+                    parts = [p for p in decoder_names(self.spec, key)
+                             if not (p.name.endswith("rotary_emb.inv_freq") or _tied(self.spec, p.name))]
+                    if not parts:
                         continue
                     shape = tuple(f.get_slice(key).get_shape())
-                    for name, a, b in unjoined(self.spec, key) or [(key, None, None)]:   # Phi-3's joined ones
-                        self.where[name] = (file, key, None if a is None else slice(a, b))
-                        self.shapes[name] = shape if a is None else (b - a, *shape[1:])
+                    for p in parts:
+                        if p.expert is not None:          # one expert of a stacked tensor (Qwen3-MoE)
+                            self.where.setdefault(p.name, {})[p.expert] = (file, key, None)
+                            self.shapes[p.name] = (self.spec.num_experts, *shape)
+                        else:
+                            self.where[p.name] = (file, key, p.rows)
+                            self.shapes[p.name] = shape if p.rows is None else (p.rows.stop - p.rows.start, *shape[1:])
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        if isinstance(self.where[name], dict):           # the experts' weights, stacked by index
+            return torch.stack([self._read(*self.where[name][i], dtype) for i in range(self.spec.num_experts)])
+        return self._read(*self.where[name], dtype)
+
+    @staticmethod
+    def _read(file, key, rows, dtype: torch.dtype) -> torch.Tensor:
         from safetensors import safe_open
-        file, key, rows = self.where[name]
         with safe_open(file, framework="pt") as f:
             t = f.get_tensor(key) if rows is None else f.get_slice(key)[rows]
             return t.to(dtype).contiguous()
@@ -150,7 +178,7 @@ class SafetensorsWeights(Weights):
 
 class _Truncated(Weights):
     def __init__(self, base: Weights, n: int):
-        self.base, self.spec = base, ModelSpec.from_dict({**base.spec.to_dict(), "num_layers": n})
+        self.base, self.spec = base, base.spec.first_layers(n)
         self.shapes = {k: s for k, s in base.shapes.items() if in_first_layers(k, n)}
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
@@ -227,12 +255,19 @@ def describe(ref: str) -> tuple[ModelSpec, dict[str, tuple[tuple[int, ...], str]
     if files[0].suffix != ".safetensors":
         gf = GGUFFile(files[0], size=sum(f.stat().st_size for f in files))
         spec = spec_from_gguf(gf)
-        return spec, {hf_name(t.name): (tuple(t.shape), t.qtype.name) for t in gf.tensors
-                      if hf_name(t.name) is not None and not _tied(spec, hf_name(t.name))}
+        family = by_gguf(spec.extra["gguf_arch"])
+        table = {}
+        for t in gf.tensors:
+            if (joined := hf_name(t.name, family)) is not None:
+                for name, a, b in unjoined(spec, joined) or [(joined, None, None)]:       # Phi-3's joined ones
+                    if not _tied(spec, name):
+                        table[name] = (tuple(t.shape) if a is None else (b - a, *t.shape[1:]), t.qtype.name)
+        return spec, table
     w = SafetensorsWeights(files[0].parent)
     from safetensors import safe_open
     table = {}
-    for name, (file, key, _) in w.where.items():
+    for name, where in w.where.items():
+        file, key, _ = where[0] if isinstance(where, dict) else where       # experts: the first one's dtype
         with safe_open(file, framework="pt") as f:
             table[name] = (w.shapes[name], f.get_slice(key).get_dtype())
     return w.spec, table

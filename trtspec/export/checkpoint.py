@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from .families.base import unjoined
+from .families.base import decoder_names
 from .gguf_loader import load_gguf
 from .model import Decoder
 from .spec import ModelSpec, SpecError
@@ -50,13 +50,25 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
     spec.extra.update(source="hf", name=cfg.get("_name_or_path") or folder.name,
                       eos_token_ids=sorted(_hf_eos_ids(folder, cfg)))
     state: dict[str, torch.Tensor] = {}
+    experts: dict[str, dict[int, torch.Tensor]] = {}
     for file in _safetensors_files(folder):
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
+                parts = decoder_names(spec, key)     # renamed, split by rows (Phi-3's qkv_proj), an expert's, or none
+                if not parts:
+                    continue
                 t = f.get_tensor(key)
                 t = t.to(dtype) if t.is_floating_point() else t
-                parts = unjoined(spec, key)          # Phi-3's qkv_proj / gate_up_proj: split by rows
-                state.update({name: t[a:b].clone() for name, a, b in parts} if parts else {key: t})
+                for part in parts:
+                    if part.expert is not None:
+                        experts.setdefault(part.name, {})[part.expert] = t
+                    else:
+                        state[part.name] = t if part.rows is None else t[part.rows].clone()
+    for name, by_index in experts.items():           # each expert's weight at its index of the stack
+        if sorted(by_index) != list(range(spec.num_experts)):
+            raise SpecError(f"{folder}: {name} has experts {sorted(by_index)[:4]}... but the config says "
+                            f"{spec.num_experts}; use the config and weights of the same model")
+        state[name] = torch.stack([by_index[i] for i in range(spec.num_experts)])
     return spec, state
 
 

@@ -9,7 +9,11 @@ the whole model. Two llama.cpp conventions are undone:
   * rope layout: for the `llama` architecture (Mistral included) the converter permutes the rows of
     attn_q / attn_k so that llama.cpp's interleaved (GPT-J style) rope works; our Decoder, like HF,
     uses rotate_half (NEOX style), so the permutation is reversed (a family's `gguf_rope_permuted`).
-    Qwen2 and Qwen3 are stored NEOX-style.
+    Qwen2, Qwen3, Qwen3-MoE, Phi-3 and Gemma 3 are stored NEOX-style.
+  * names: a family's `gguf_names` (Gemma's four norms; Qwen3-MoE's router and stacked experts,
+    [experts, out, in] as the Decoder keeps them; Phi-3's joined q/k/v and gate/up, split by rows).
+    Gemma's norms are stored as 1 + w and read as they are (spec.norm_weights_shifted), so the
+    file's values are the ones multiplied.
 A file cut short (a partial download or a missing pack part) is caught from the tensor table
 before any data is read, as one SpecError.
 """
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 
 from .families import FAMILIES, by_gguf
+from .families.base import unjoined
 from .spec import ModelSpec, SpecError
 
 GGUF_ARCHS = tuple(f.gguf for f in FAMILIES.values() if f.gguf)
@@ -211,9 +216,9 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     rot = meta.get(f"{arch}.rope.dimension_count")
-    if rot is not None and int(rot) != head_dim:
-        raise SpecError(f"GGUF rotates {rot} of {head_dim} head dims (partial rope), which trtspec does not "
-                        "support; pick a model with full rotary embeddings")
+    rotary_dim = int(rot) if rot is not None and int(rot) != head_dim else None     # partial (Phi-4-mini)
+    if rotary_dim is not None and (rotary_dim % 2 or not 0 < rotary_dim < head_dim):
+        raise _corrupt(gf.path, f"{arch}.rope.dimension_count is {rot} for heads of {head_dim}")
     vocab = shapes.get("token_embd.weight", (meta.get("tokenizer.ggml.tokens"),))[0]
     rope_scaling = None
     kind = meta.get(f"{arch}.rope.scaling.type")
@@ -225,6 +230,9 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     eos = {int(meta[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                                    "tokenizer.ggml.eom_token_id") if k in meta}
     name = str(meta.get("general.name") or "")
+    fields = _family_fields(arch, meta, get, hidden, heads, head_dim)
+    if "rope_factors_long.weight" in shapes:        # longrope (Phi-3): its factors as tensors
+        rope_scaling = _longrope(gf, shapes, (rotary_dim or head_dim) // 2, int(get("rope.scaling.original_context_length")))
     spec = ModelSpec(
         # llama.cpp writes Mistral as `llama` (transformers tells them apart by name the same way).
         arch="mistral" if arch == "llama" and "mistral" in name.lower() else by_gguf(arch).name,
@@ -241,7 +249,9 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
         attention_bias="blk.0.attn_q.bias" in shapes,
         tie_word_embeddings="output.weight" not in shapes,
         max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
+        rotary_dim=rotary_dim,
         extra={"source": "gguf", "gguf_arch": arch, "name": name, "eos_token_ids": sorted(eos)},
+        **fields,
     )
     if "rope_freqs.weight" in shapes and rope_scaling is None:
         t = next(t for t in gf.tensors if t.name == "rope_freqs.weight")
@@ -251,12 +261,54 @@ def spec_from_gguf(gf: GGUFFile) -> ModelSpec:
     return spec
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face parameter name for a GGUF tensor name (None for tensors we do not load)."""
+def _family_fields(arch: str, meta: dict, get, hidden: int, heads: int, head_dim: int) -> dict[str, Any]:
+    """What a family's GGUF says beyond llama's fields, as llama.cpp reads it (phi3's files hold a
+    window llama.cpp does not read, "TODO: fix conversion scripts": nor does trtspec)."""
+    if arch == "qwen3moe":                 # llama.cpp renormalizes the chosen experts' weights, always
+        return dict(num_experts=int(get("expert_count")), experts_per_token=int(get("expert_used_count")),
+                    moe_intermediate_size=int(get("expert_feed_forward_length")), norm_topk_prob=True)
+    if arch != "gemma3":
+        return {}
+    if meta.get("gemma3.final_logit_softcapping"):
+        raise SpecError("this Gemma GGUF soft-caps its logits, which trtspec does not support; pick a model "
+                        "without final_logit_softcapping")
+    layers, window = int(get("block_count")), int(meta.get("gemma3.attention.sliding_window") or 0)
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):          # one flag per layer
+        windowed = [bool(p) for p in pattern]
+    else:                                  # llama.cpp's set_swa_pattern: the last of every `pattern` layers is global
+        windowed = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return dict(sliding_window=window or None,
+                layer_types=["sliding_attention" if w else "full_attention" for w in windowed] if window else None,
+                local_rope_theta=float(meta.get("gemma3.rope.freq_base_swa", 10000.0)),
+                # llama.cpp's attention scale: 1 / sqrt(head_dim), the 27B's (62 layers) 1 / sqrt(hidden / heads)
+                query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
+                hidden_act="gelu_pytorch_tanh", norm_weights_shifted=True)
+
+
+def _longrope(gf: GGUFFile, shapes: dict, half: int, original: int) -> dict[str, Any]:
+    """Phi-3's longrope scaling from its `rope_factors_long` / `_short` tensors (one factor per rotary pair)."""
+    for kind in ("long", "short"):
+        if shapes.get(f"rope_factors_{kind}.weight") != (half,):
+            raise _corrupt(gf.path, f"rope_factors_{kind} has shape {list(shapes.get(f'rope_factors_{kind}.weight', ()))}, "
+                                    f"the metadata implies [{half}]")
+    factors = {kind: _dequantize(gf, next(t for t in gf.tensors if t.name == f"rope_factors_{kind}.weight"))
+               for kind in ("long", "short")}
+    return {"rope_type": "longrope", "long_factor": factors["long"].astype(np.float64).tolist(),
+            "short_factor": factors["short"].astype(np.float64).tolist(), "original_max_position_embeddings": original}
+
+
+def hf_name(gguf_name: str, family=None) -> str | None:
+    """The Hugging Face parameter name for a GGUF tensor name (None for tensors we do not load), in
+    `family` where its names differ (Gemma's norms; Qwen3-MoE's router and stacked experts, which
+    are Decoder parameters of their own, without `.weight`)."""
     m = _BLOCK.match(gguf_name)
     if m:
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = {**_LAYER_NAMES, **dict(family.gguf_names if family else ())}
+        if part not in names:
+            return None
+        return f"model.layers.{layer}.{names[part]}" + ("" if part.endswith("_exps") else f".{kind}")
     base, _, kind = gguf_name.rpartition(".")
     return f"{_GLOBAL_NAMES[base]}.{kind}" if base in _GLOBAL_NAMES else None
 
@@ -316,7 +368,8 @@ def _dequantize(gf: GGUFFile, t: GGUFTensor) -> np.ndarray:
 
 def load_gguf(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
               threads: int | None = None) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
-    """(spec, HF-named state dict in `dtype`) for a llama/qwen2 GGUF file."""
+    """(spec, HF-named state dict in `dtype`) for a GGUF file of a family llama.cpp and trtspec both
+    read (families/: `gguf`)."""
     try:
         return _load_gguf(path, dtype, threads)
     except SpecError as e:               # messages about a key or a tensor: say which file too
@@ -333,12 +386,16 @@ def _load_gguf(path, dtype, threads):
         raise
     except (TypeError, ValueError, ArithmeticError) as e:   # a metadata value of the wrong type or range (0 heads)
         raise _corrupt(Path(path), f"a metadata value is out of range or of the wrong type ({e})") from None
-    permuted = by_gguf(spec.extra["gguf_arch"]).gguf_rope_permuted
-    wanted = [(t, hf_name(t.name)) for t in gf.tensors]
+    family = by_gguf(spec.extra["gguf_arch"])
+    permuted = family.gguf_rope_permuted
+    wanted = [(t, hf_name(t.name, family)) for t in gf.tensors]
     wanted = [(t, name) for t, name in wanted if name is not None]  # e.g. rope_freqs: folded into the spec
+    joined = {name: unjoined(spec, name) for _, name in wanted if unjoined(spec, name)}   # Phi-3's qkv, gate/up
 
     for t, name in wanted:                 # before any data is read: the table must fit the metadata
         expect = expected_shape(name, spec)
+        if name in joined:
+            expect = (joined[name][-1][2], *t.shape[1:])
         if expect is not None and tuple(t.shape) != expect:
             raise _corrupt(gf.path, f"tensor {t.name} has shape {list(t.shape)}, the metadata implies {list(expect)}")
 
@@ -360,4 +417,7 @@ def _load_gguf(path, dtype, threads):
     threads = threads or min(4, os.cpu_count() or 1)
     with ThreadPoolExecutor(threads) as pool:
         tensors = list(pool.map(convert, wanted))
-    return spec, {name: w for (_, name), w in zip(wanted, tensors)}
+    state = {}
+    for (_, name), w in zip(wanted, tensors):
+        state.update({part: w[a:b].clone() for part, a, b in joined[name]} if name in joined else {name: w})
+    return spec, state

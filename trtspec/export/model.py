@@ -15,6 +15,7 @@ HF state dicts load unchanged. Written with plain matmul/softmax so ONNX export 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -24,8 +25,11 @@ from torch import nn
 from .spec import ModelSpec, SpecError
 
 
-def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
-    """Inverse RoPE frequencies, with the config's rope scaling folded in (as transformers does)."""
+def rope_inv_freq(spec: ModelSpec, local: bool = False) -> torch.Tensor:
+    """Inverse RoPE frequencies, with the config's rope scaling folded in (as transformers does);
+    `local`: the windowed layers' own unscaled rotary (Gemma 3's local base)."""
+    if local:
+        spec = dataclasses.replace(spec, rope_theta=spec.local_rope_theta, rope_scaling=None)
     d = spec.rope_dim
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = spec.rope_scaling or {}
@@ -118,17 +122,38 @@ def _yarn(spec: ModelSpec, rs: dict, d: int) -> torch.Tensor:
     return (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra
 
 
+def window_mask(attn_mask: torch.Tensor, window: int) -> torch.Tensor:
+    """`attn_mask` [B, T, C+T] narrowed to each row's last `window` visible keys. A row's visible keys
+    are its whole history in logical order (the committed prefix, then its ancestors as they were fed,
+    then itself: every layout the runtime writes keeps a path's rows in depth order), so its last
+    `window` are the keys the same token sees in sequential decoding (transformers' sliding window:
+    key position > query position - window), wherever the rows lie: a tree node at depth d, a draft
+    row over its scratch ancestors. Counted, not computed from positions, so it is exact by
+    construction for any tree."""
+    seen = attn_mask.to(torch.int32).cumsum(-1)              # visible keys up to and including each
+    return attn_mask & (seen > seen[..., -1:] - window)
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, offset: bool = False, fp32_scale: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.offset, self.fp32_scale = eps, offset, fp32_scale or offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32 statistics, as the reference implementations do, so bf16 weights stay accurate.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.fp32_scale:              # Gemma: (1 + w), applied in fp32 before the cast
+            return (x32 * ((1.0 + self.weight.float()) if self.offset else self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
+
+
+def norm(spec: ModelSpec, dim: int) -> RMSNorm:
+    """The family's RMSNorm over `dim`: Gemma's scales by (1 + w) in fp32, or by w where the weights
+    already hold 1 + w (llama.cpp's Gemma GGUFs: `norm_weights_shifted`)."""
+    gemma = spec.family.norm_offset
+    return RMSNorm(dim, spec.rms_norm_eps, offset=gemma and not spec.norm_weights_shifted, fp32_scale=gemma)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -146,12 +171,15 @@ class Attention(nn.Module):
         super().__init__()
         h, kv, d = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.h, self.kv, self.d = h, kv, d
+        # Gemma scales by query_pre_attn_scalar's -1/2 power, as transformers writes it; the others by
+        # 1 / sqrt(head_dim) (the same expression as before, so their graphs are unchanged)
+        self.scale = spec.query_pre_attn_scalar ** -0.5 if spec.query_pre_attn_scalar else 1.0 / math.sqrt(d)
         self.q_proj = nn.Linear(spec.hidden_size, h * d, bias=spec.attention_bias)
         self.k_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
         self.v_proj = nn.Linear(spec.hidden_size, kv * d, bias=spec.attention_bias)
         self.o_proj = nn.Linear(h * d, spec.hidden_size, bias=False)
         if spec.family.qk_norm:                    # Qwen3: each head of q and of k normed before rotary
-            self.q_norm, self.k_norm = RMSNorm(d, spec.rms_norm_eps), RMSNorm(d, spec.rms_norm_eps)
+            self.q_norm, self.k_norm = norm(spec, d), norm(spec, d)
 
     def project(self, x, cos, sin):
         """q [B, T, H, D], k and v [B, T, Hkv, D] of the rows `x`, rotary applied to q and k."""
@@ -187,7 +215,7 @@ class Attention(nn.Module):
                                    for i, pk in enumerate(past_k)], 1)
         scores = torch.cat([past_scores, torch.matmul(qg, k.permute(0, 2, 3, 1))], -1)  # [.., C+T]
         scores = scores.to(self.acc or torch.float32).view(b, self.kv, g, t, c + t)
-        scores = scores * (1.0 / math.sqrt(self.d)) + mask_add
+        scores = scores * self.scale + mask_add
         probs = torch.softmax(scores, dim=-1).to(v.dtype).view(b, self.kv, g * t, c + t)
         past_out = torch.stack([torch.matmul(probs[:, i, :, :c], pv) for i, pv in enumerate(past_v)], 1)
         out = past_out + torch.matmul(probs[..., c:], v.permute(0, 2, 1, 3))   # [B, Hkv, G*T, D]
@@ -201,26 +229,85 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
         self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+        self.tanh_gelu = spec.hidden_act == "gelu_pytorch_tanh"          # Gemma's GeGLU
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class Experts(nn.Module):
+    """The experts' weights stacked: gate_proj and up_proj [E, I, H], down_proj [E, H, I]."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        e, i, h = spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
+        self.gate_proj, self.up_proj = nn.Parameter(torch.empty(e, i, h)), nn.Parameter(torch.empty(e, i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+
+class MoE(nn.Module):
+    """Routed experts (Qwen3-MoE): the router's softmax over the experts, each row's top k, their
+    probabilities (renormalized where norm_topk_prob) weighting the experts'
+    SwiGLU outputs. Every row gathers its own k experts' weights and multiplies them alone (batched
+    products of one row each): a row's result depends on its own input only, so a tree row routes
+    and computes as the same token does alone, whatever shares its forward. The cost: k experts'
+    weights read per row, shared or not (a tree whose rows pick the same experts reads them again;
+    `budget: auto` prices trees from measured step costs)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gate = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)       # the router
+        self.experts = Experts(spec)
+        self.k, self.renorm = spec.experts_per_token, spec.norm_topk_prob
+
+    def forward(self, x):                                        # [B, T, H]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)      # [B, T, E], fp32 as transformers
+        weight, chosen = torch.topk(probs, self.k, dim=-1)       # [B, T, k]
+        if self.renorm:
+            weight = weight / weight.sum(-1, keepdim=True)
+        weight = weight.to(x.dtype)
+        e = self.experts
+        rows = x[:, :, None, :, None]                            # [B, T, 1, H, 1]
+        gate = torch.matmul(e.gate_proj[chosen], rows).squeeze(-1)          # [B, T, k, I]
+        up = torch.matmul(e.up_proj[chosen], rows).squeeze(-1)
+        out = torch.matmul(e.down_proj[chosen], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)   # [B, T, k, H]
+        out = out * weight.unsqueeze(-1)
+        total = out[:, :, 0]        # summed slot by slot: ONNX Runtime's ReduceSum over the slots takes
+        for j in range(1, self.k):  # another order for one row than for several (measured: lab/moe_tree_cost.py)
+            total = total + out[:, :, j]
+        return total
 
 
 class Layer(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int):
         super().__init__()
         self.self_attn = Attention(spec)
-        self.mlp = MLP(spec)
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.mlp = MoE(spec) if spec.has_experts(index) else MLP(spec)
+        self.windowed = spec.windowed(index)     # attends over the sliding window, with the local rotary
+        self.input_layernorm = norm(spec, spec.hidden_size)
+        self.post_attention_layernorm = norm(spec, spec.hidden_size)
+        self.sandwich = spec.family.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm(spec, spec.hidden_size)
+            self.post_feedforward_layernorm = norm(spec, spec.hidden_size)
+
+    def feed_forward(self, x, h):
+        """The residual stream `x` after the attention output `h`: h added, then the MLP block."""
+        if self.sandwich:                        # Gemma: each block's output normed before its residual
+            x = x + self.post_attention_layernorm(h)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
-        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
+        self.layers = nn.ModuleList(Layer(spec, i) for i in range(spec.num_layers))
+        self.norm = norm(spec, spec.hidden_size)
 
 
 class Decoder(nn.Module):
@@ -237,7 +324,25 @@ class Decoder(nn.Module):
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer("inv_freq", rope_inv_freq(spec), persistent=False)
+        if spec.local_rope_theta:                              # Gemma 3: the windowed layers' rotary
+            self.register_buffer("local_inv_freq", rope_inv_freq(spec, local=True), persistent=False)
         self.rope_scale = rope_attention_factor(spec)          # yarn's; 1.0 leaves the graph as it was
+
+    def reset_rotary(self) -> "Decoder":
+        """The rotary frequencies as real fp32 buffers (after a meta or fake construction, or a cast)."""
+        self.inv_freq = rope_inv_freq(self.spec)
+        if self.spec.local_rope_theta:
+            self.local_inv_freq = rope_inv_freq(self.spec, local=True)
+        return self
+
+    def rotary(self, inv_freq, position_ids, dtype, scale: float = 1.0):
+        """(cos, sin) [B, T, 1, R] of the positions, times `scale` (yarn's attention factor), in `dtype`."""
+        freqs = position_ids.float().unsqueeze(-1) * inv_freq         # [B, T, R/2], fp32 like HF (R: rope_dim)
+        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, R]
+        cos, sin = emb.cos(), emb.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return cos.to(dtype), sin.to(dtype)
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -260,28 +365,30 @@ class Decoder(nn.Module):
         done elsewhere, the new rows' KV kept there (engines/logical_engine.py: the pool, in place);
         it returns [B, T, H*D], `past` is not read and no new KV is returned."""
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq    # [B, T, R/2], fp32 like HF (R: rope_dim)
-        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, R]
-        cos, sin = emb.cos(), emb.sin()
-        if self.rope_scale != 1.0:
-            cos, sin = cos * self.rope_scale, sin * self.rope_scale
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        # Additive mask in fp32, [B, 1, 1, T, C+T]; a large finite negative keeps fully masked
-        # (padding) rows finite.
-        mask_add = torch.where(attn_mask, 0.0, -1e30).to(torch.float32)[:, None, None]
+        if self.spec.family.embed_scale:                              # Gemma: times sqrt(hidden), in x's dtype
+            x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)
+        rope = {False: self.rotary(self.inv_freq, position_ids, x.dtype, self.rope_scale)}
+        # Additive masks in fp32, [B, 1, 1, T, C+T]; a large finite negative keeps fully masked
+        # (padding) rows finite. Windowed layers see each row's last `sliding_window` keys.
+        masks = {False: torch.where(attn_mask, 0.0, -1e30).to(torch.float32)[:, None, None]}
+        if any(layer.windowed for layer in self.model.layers):
+            if hasattr(self, "local_inv_freq"):
+                rope[True] = self.rotary(self.local_inv_freq, position_ids, x.dtype)     # unscaled
+            near = window_mask(attn_mask, self.spec.sliding_window)
+            masks[True] = torch.where(near, 0.0, -1e30).to(torch.float32)[:, None, None]
         new_kv: list[torch.Tensor] = []
         n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):
             y = layer.input_layernorm(x)
+            cos, sin = rope.get(layer.windowed, rope[False])
             if attend is not None:
                 attn = layer.self_attn
-                x = x + attn.o_proj(attend(i, *attn.project(y, cos, sin)))
+                h = attn.o_proj(attend(i, *attn.project(y, cos, sin)))
             else:
                 ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
-                h, k, v = layer.self_attn(y, cos, sin, mask_add, ks, vs)
-                x = x + h
+                h, k, v = layer.self_attn(y, cos, sin, masks[layer.windowed], ks, vs)
                 new_kv += [*k, *v]
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.feed_forward(x, h)
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
         x = self.model.norm(torch.gather(x, 1, rows))
         if self.hidden_rows:
@@ -312,5 +419,5 @@ class Decoder(nn.Module):
         model.load_state_dict({k: state[k].to(dtype) for k in wanted}, strict=False, assign=True)
         if spec.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model.inv_freq = rope_inv_freq(spec)  # stays fp32 whatever the weight dtype
+        model.reset_rotary()                  # stays fp32 whatever the weight dtype
         return model.eval().requires_grad_(False)

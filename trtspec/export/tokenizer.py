@@ -17,7 +17,8 @@ from .spec import ModelSpec, SpecError
 
 # Chat / document end markers of the supported model families; any that is a special token of the
 # tokenizer stops generation (instruct models end turns with these rather than with their eos).
-_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>")
+_STOP_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>",
+                "<end_of_turn>", "<|end|>")                 # Gemma's turn end; Phi-3's
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 

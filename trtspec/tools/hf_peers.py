@@ -31,12 +31,16 @@ PEERS = ("hf", "hf-assisted", "hf-lookup")
 
 
 def rope_parameters(spec: ModelSpec) -> dict:
-    """transformers >= 5 `rope_parameters` for a spec (scaling dicts may use `type` or `rope_type`)."""
+    """transformers >= 5 `rope_parameters` for a spec (scaling dicts may use `type` or `rope_type`);
+    per layer type where windowed layers have their own rotary (Gemma 3)."""
     rs = dict(spec.rope_scaling or {})
     rs.pop("factors", None)                        # trtspec's own: which longrope factors the engine uses
     kind = rs.pop("type", None)
     rs.setdefault("rope_type", kind or "default")
-    return {**rs, "rope_theta": float(spec.rope_theta)}
+    rs = {**rs, "rope_theta": float(spec.rope_theta)}
+    if spec.local_rope_theta:
+        return {"full_attention": rs, "sliding_attention": {"rope_type": "default", "rope_theta": spec.local_rope_theta}}
+    return rs
 
 
 def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
@@ -48,22 +52,31 @@ def hf_config(spec: ModelSpec, dtype: torch.dtype = torch.float32):
         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
         rope_parameters=rope_parameters(spec), tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=spec.max_position_embeddings, hidden_act="silu", use_cache=True,
+        max_position_embeddings=spec.max_position_embeddings, hidden_act=spec.hidden_act, use_cache=True,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype=dtype)
     extra = spec.family.hf_extra(spec)
     if isinstance(extra, str):                     # the spec has no transformers equivalent: why
         raise SpecError(extra)
-    return getattr(transformers, spec.family.hf_config)(**common, **extra)
+    return getattr(transformers, spec.family.hf_config)(**{**common, **extra})
 
 
 def joined_state(spec: ModelSpec, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our weights under the checkpoint's own names: tensors the family joins (Phi-3's qkv_proj,
-    gate_up_proj) joined again by rows, as the loaders split them (families/base.py `unjoined`)."""
+    """Our weights under transformers' names: tensors the family joins (Phi-3's qkv_proj,
+    gate_up_proj) joined again by rows, as the loaders split them (families/base.py `unjoined`), and
+    an MoE's stacked experts' gate and up as transformers 5 holds them (`experts.gate_up_proj`), a
+    Gemma GGUF's norms as w (its file holds 1 + w: the peer then computes 1 + (a - 1), equal to the
+    file's a for every a >= 0.5)."""
     out = dict(state)
     for joined, parts in spec.family.joined:
         for i in range(spec.num_layers):
             at = f"model.layers.{i}."
             out[f"{at}{joined}.weight"] = torch.cat([out.pop(f"{at}{part}.weight") for part in parts])
+    if spec.norm_weights_shifted:                 # a Gemma GGUF's norms hold 1 + w; transformers adds the 1
+        out = {k: v - 1.0 if k.endswith("norm.weight") else v for k, v in out.items()}
+    for i in range(spec.num_layers):              # transformers 5 holds an MoE's gate and up stacked as one
+        at = f"model.layers.{i}.mlp.experts."
+        if f"{at}gate_proj" in out:
+            out[f"{at}gate_up_proj"] = torch.cat([out.pop(f"{at}gate_proj"), out.pop(f"{at}up_proj")], 1)
     return out
 
 
@@ -88,6 +101,9 @@ def hf_model_from_state(spec: ModelSpec, state: dict[str, torch.Tensor], dtype: 
         model.lm_head.weight = model.model.embed_tokens.weight
     # Non-persistent buffers (RoPE inverse frequencies) stayed on the meta device: rebuild them.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg)
+    embed = model.model.embed_tokens
+    if hasattr(embed, "scalar_embed_scale"):           # Gemma's scaled embeddings keep their scale so
+        embed.embed_scale = torch.tensor(embed.scalar_embed_scale)
     still_meta = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.device.type == "meta"]
     if still_meta:
         raise SpecError(f"transformers model has uninitialized tensors after loading: {still_meta[:4]}")

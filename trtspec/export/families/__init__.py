@@ -9,10 +9,10 @@ gives transformers' logits (tests/unit/test_checkpoint.py takes every registered
 from __future__ import annotations
 
 from .base import Family
-from . import llama, mistral, phi3, qwen2, qwen3          # each defines FAMILY
+from . import gemma3, llama, mistral, phi3, qwen2, qwen3, qwen3_moe          # each defines FAMILY
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, qwen2.FAMILY, mistral.FAMILY, qwen3.FAMILY,
-                                                  phi3.FAMILY)}
+                                                  phi3.FAMILY, gemma3.FAMILY, qwen3_moe.FAMILY)}
 
 
 def by_hf_type(model_type: str) -> Family | None:
