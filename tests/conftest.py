@@ -114,9 +114,9 @@ def llama_pair() -> TinyPair:
 
 @pytest.fixture(scope="session")
 def arch_pairs(llama_pair) -> dict[str, TinyPair]:
-    """llama, qwen2 (attention bias), mistral, qwen3 (q/k norms), phi3 (partial rotary) and gemma3
-    (a windowed layer over 12 keys beside a global one) and qwen3_moe (2 of 4 experts per token)
-    tiny pairs, vocab 512."""
+    """llama, qwen2 (attention bias), mistral, qwen3 (q/k norms), phi3 (partial rotary), gemma3 (a
+    windowed layer over 12 keys beside a global one) and qwen3_moe (2 of 4 experts per token) tiny
+    pairs, vocab 512."""
     return {"llama": llama_pair,
             "qwen2": make_pair("qwen2", vocab_size=512, num_layers=2, seed=1),
             "mistral": make_pair("mistral", vocab_size=512, num_layers=2, seed=2),

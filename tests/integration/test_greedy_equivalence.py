@@ -1,7 +1,8 @@
 """The core lossless property under greedy decoding: every strategy emits exactly `ar`'s tokens.
 
-Tiny random pairs of every family (gemma3: a layer over a 12-key window); prompts drawn from a small token subset
-so that n-gram matches (and hence n-gram drafts) actually happen.
+Tiny random pairs of every family (gemma3: a layer over a 12-key window; qwen3_moe: routed
+experts); prompts drawn from a small token subset so that n-gram matches (and hence n-gram drafts)
+actually happen.
 """
 from __future__ import annotations
 

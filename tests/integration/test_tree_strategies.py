@@ -4,8 +4,8 @@ Every tree strategy must emit exactly `ar`'s tokens (the target's greedy continu
 tree it drafts. Hypothesis draws prompts (random and repetitive, so that n-gram proposals, stage-2
 reviews, MaG copies and GSD merges really happen), strategy options and max_new_tokens, on tiny
 random llama / qwen2 (attention bias) / mistral / gemma3 (a layer over a 12-key window, so trees
-cross its edge) / qwen3_moe (a tree's rows route to different experts) pairs (vocab 512, flat draft distributions) and the
-16-token pair (peaked distributions: deep dyspec-threshold trees, many GSD merges).
+cross its edge) / qwen3_moe (a tree's rows route to different experts) pairs (vocab 512, flat draft
+distributions) and the 16-token pair (peaked distributions: deep dyspec-threshold trees, many GSD merges).
 
 Also: the speculation is not vacuous (drafts accepted and rejected, stage-2 tokens kept, GSD merges
 made and merged paths accepted), and every tree strategy runs through the ONNX Runtime backend.
