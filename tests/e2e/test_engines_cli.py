@@ -302,6 +302,23 @@ def test_quantized_onnxruntime_folder(tmp_path):
     assert "int4 weights: differs from fp32 by design" in res.output
 
 
+def every_strategy_is_ar(gen, tokens: int) -> None:
+    """Every tree strategy reproduces the generator's own `ar` on two code prompts, alone and all
+    submitted at once (sharing batches); closes `gen`."""
+    prompts = [gen.tokenizer(p)["input_ids"] for p in ("for i in range(10):\n    print(i)\n", "def f(x):\n")]
+    refs = [gen.generate(p, strategy="ar", max_new_tokens=tokens).token_ids for p in prompts]
+    strategies = ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix")
+    try:
+        for strategy in strategies:
+            for p, ref in zip(prompts, refs):
+                assert gen.generate(p, strategy=strategy, max_new_tokens=tokens).token_ids == ref, strategy
+        handles = [(ref, gen.submit(p, strategy=s, max_new_tokens=tokens))
+                   for s in strategies for p, ref in zip(prompts, refs)]
+        assert all(h.result().token_ids == ref for ref, h in handles)
+    finally:
+        gen.close()
+
+
 @pytest.fixture(scope="module")
 def int8_folder(tmp_path_factory):
     cfg = load_config(TINY).with_backend("onnxruntime")
@@ -334,15 +351,7 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
 
     gen = load_generator(folder)
     assert gen.target_engine.kv_dtype == torch.float64
-    prompts = [gen.tokenizer(p)["input_ids"] for p in ("for i in range(10):\n    print(i)\n", "def f(x):\n")]
-    refs = [gen.generate(p, strategy="ar", max_new_tokens=24).token_ids for p in prompts]
-    strategies = ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix")
-    for strategy in strategies:
-        for p, ref in zip(prompts, refs):
-            assert gen.generate(p, strategy=strategy, max_new_tokens=24).token_ids == ref, strategy
-    handles = [(ref, gen.submit(p, strategy=s, max_new_tokens=24)) for s in strategies for p, ref in zip(prompts, refs)]
-    assert all(h.result().token_ids == ref for ref, h in handles)
-    gen.close()
+    every_strategy_is_ar(gen, 24)
 
     target, _ = tiny_pair(tiny_spec(**load_config(TINY).target.tiny.model_dump()), seed=0)
     build_graph(StateWeights(target.spec, target.state_dict()), tmp_path / "level4.onnx", torch.float32,
@@ -384,16 +393,7 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     assert " 0 of " in line and line.endswith("bit-identical"), line
     if arch not in ("gemma3", "qwen3_moe"):   # the older families' strategies: tests/integration's tiny pairs
         return
-    gen = load_generator(folder)
-    prompts = [gen.tokenizer(p)["input_ids"] for p in ("for i in range(10):\n    print(i)\n", "def f(x):\n")]
-    refs = [gen.generate(p, strategy="ar", max_new_tokens=32).token_ids for p in prompts]
-    strategies = ("chain", "ngram", "staged", "dyspec", "gsd", "cascade", "suffix")
-    for strategy in strategies:
-        for p, ref in zip(prompts, refs):
-            assert gen.generate(p, strategy=strategy, max_new_tokens=32).token_ids == ref, strategy
-    handles = [(ref, gen.submit(p, strategy=s, max_new_tokens=32)) for s in strategies for p, ref in zip(prompts, refs)]
-    assert all(h.result().token_ids == ref for ref, h in handles)
-    gen.close()
+    every_strategy_is_ar(load_generator(folder), 32)
 
 
 def test_an_int8_activation_target_samples_exactly(int8_folder):
