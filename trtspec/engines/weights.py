@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..export.families import by_gguf
-from ..export.families.base import decoder_names, unjoined
+from ..export.families.base import decoder_names
 from ..export.spec import ModelSpec, SpecError
 
 
@@ -71,17 +71,15 @@ class GGUFWeights(Weights):
         for t in self.file.tensors:
             if (joined := hf_name(t.name, family)) is None:
                 continue
-            expect = expected_shape(joined, self.spec)
-            parts = unjoined(self.spec, joined)
-            if parts:
-                expect = (parts[-1][2], *t.shape[1:])
+            parts = decoder_names(self.spec, joined)          # Phi-3's joined ones: split by rows
+            expect = expected_shape(joined, self.spec) if parts[-1].rows is None else (parts[-1].rows.stop, *t.shape[1:])
             if expect is not None and tuple(t.shape) != expect:   # before any data is read: the table must fit
                 raise _corrupt(self.file.path, f"tensor {t.name} has shape {list(t.shape)}, the metadata implies "
                                                f"{list(expect)}")
-            for name, a, b in parts or [(joined, None, None)]:
-                self.tensors[name] = t
-                if a is not None:
-                    self.slices[name] = slice(a, b)
+            for p in parts:
+                self.tensors[p.name] = t
+                if p.rows is not None:
+                    self.slices[p.name] = p.rows
         self.shapes = {k: (self.slices[k].stop - self.slices[k].start, *t.shape[1:]) if k in self.slices else
                        tuple(t.shape) for k, t in self.tensors.items() if not _tied(self.spec, k)}
 
@@ -164,13 +162,16 @@ class SafetensorsWeights(Weights):
                             self.shapes[p.name] = shape if p.rows is None else (p.rows.stop - p.rows.start, *shape[1:])
 
     def get(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        if isinstance(self.where[name], dict):           # the experts' weights, stacked by index
-            return torch.stack([self._read(*self.where[name][i], dtype) for i in range(self.spec.num_experts)])
-        return self._read(*self.where[name], dtype)
-
-    @staticmethod
-    def _read(file, key, rows, dtype: torch.dtype) -> torch.Tensor:
         from safetensors import safe_open
+        where = self.where[name]
+        if isinstance(where, dict):           # the experts' weights, stacked by index, each file opened once
+            out = torch.empty(self.shapes[name], dtype=dtype)
+            for file in {w[0] for w in where.values()}:
+                with safe_open(file, framework="pt") as f:
+                    for i, (_, key, _) in ((i, w) for i, w in where.items() if w[0] == file):
+                        out[i] = f.get_tensor(key)
+            return out
+        file, key, rows = where
         with safe_open(file, framework="pt") as f:
             t = f.get_tensor(key) if rows is None else f.get_slice(key)[rows]
             return t.to(dtype).contiguous()
@@ -259,9 +260,10 @@ def describe(ref: str) -> tuple[ModelSpec, dict[str, tuple[tuple[int, ...], str]
         table = {}
         for t in gf.tensors:
             if (joined := hf_name(t.name, family)) is not None:
-                for name, a, b in unjoined(spec, joined) or [(joined, None, None)]:       # Phi-3's joined ones
-                    if not _tied(spec, name):
-                        table[name] = (tuple(t.shape) if a is None else (b - a, *t.shape[1:]), t.qtype.name)
+                for p in decoder_names(spec, joined):                   # Phi-3's joined ones: split by rows
+                    if not _tied(spec, p.name):
+                        rows = t.shape[0] if p.rows is None else p.rows.stop - p.rows.start
+                        table[p.name] = ((rows, *t.shape[1:]), t.qtype.name)
         return spec, table
     w = SafetensorsWeights(files[0].parent)
     from safetensors import safe_open

@@ -50,7 +50,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
     spec.extra.update(source="hf", name=cfg.get("_name_or_path") or folder.name,
                       eos_token_ids=sorted(_hf_eos_ids(folder, cfg)))
     state: dict[str, torch.Tensor] = {}
-    experts: dict[str, dict[int, torch.Tensor]] = {}
+    experts: dict[str, set[int]] = {}                # stacked expert tensors: the indices filled
     for file in _safetensors_files(folder):
         with safe_open(file, framework="pt") as f:
             for key in f.keys():
@@ -60,15 +60,20 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype) -> tuple[ModelSpec, dict[s
                 t = f.get_tensor(key)
                 t = t.to(dtype) if t.is_floating_point() else t
                 for part in parts:
-                    if part.expert is not None:
-                        experts.setdefault(part.name, {})[part.expert] = t
+                    if part.expert is not None:               # into its place of the stack
+                        if part.name not in state:
+                            state[part.name] = torch.empty((spec.num_experts, *t.shape), dtype=t.dtype)
+                        if part.expert >= spec.num_experts:
+                            raise SpecError(f"{folder}: {key} is expert {part.expert}, but the config says "
+                                            f"{spec.num_experts}; use the config and weights of the same model")
+                        state[part.name][part.expert] = t
+                        experts.setdefault(part.name, set()).add(part.expert)
                     else:
                         state[part.name] = t if part.rows is None else t[part.rows].clone()
-    for name, by_index in experts.items():           # each expert's weight at its index of the stack
-        if sorted(by_index) != list(range(spec.num_experts)):
-            raise SpecError(f"{folder}: {name} has experts {sorted(by_index)[:4]}... but the config says "
-                            f"{spec.num_experts}; use the config and weights of the same model")
-        state[name] = torch.stack([by_index[i] for i in range(spec.num_experts)])
+    for name, filled in experts.items():
+        if len(filled) != spec.num_experts:
+            raise SpecError(f"{folder}: {name} has {len(filled)} experts but the config says {spec.num_experts}; "
+                            "use the config and weights of the same model")
     return spec, state
 
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .families import FAMILIES, by_gguf
-from .families.base import unjoined
+from .families.base import decoder_names
 from .spec import ModelSpec, SpecError
 
 GGUF_ARCHS = tuple(f.gguf for f in FAMILIES.values() if f.gguf)
@@ -294,8 +294,8 @@ def _longrope(gf: GGUFFile, shapes: dict, half: int, original: int) -> dict[str,
                                     f"the metadata implies [{half}]")
     factors = {kind: _dequantize(gf, next(t for t in gf.tensors if t.name == f"rope_factors_{kind}.weight"))
                for kind in ("long", "short")}
-    return {"rope_type": "longrope", "long_factor": factors["long"].astype(np.float64).tolist(),
-            "short_factor": factors["short"].astype(np.float64).tolist(), "original_max_position_embeddings": original}
+    return {"rope_type": "longrope", "long_factor": factors["long"].tolist(),
+            "short_factor": factors["short"].tolist(), "original_max_position_embeddings": original}
 
 
 def hf_name(gguf_name: str, family=None) -> str | None:
@@ -390,12 +390,11 @@ def _load_gguf(path, dtype, threads):
     permuted = family.gguf_rope_permuted
     wanted = [(t, hf_name(t.name, family)) for t in gf.tensors]
     wanted = [(t, name) for t, name in wanted if name is not None]  # e.g. rope_freqs: folded into the spec
-    joined = {name: unjoined(spec, name) for _, name in wanted if unjoined(spec, name)}   # Phi-3's qkv, gate/up
+    parts = {name: decoder_names(spec, name) for _, name in wanted}      # Phi-3's qkv, gate/up: split by rows
 
     for t, name in wanted:                 # before any data is read: the table must fit the metadata
-        expect = expected_shape(name, spec)
-        if name in joined:
-            expect = (joined[name][-1][2], *t.shape[1:])
+        last = parts[name][-1].rows
+        expect = expected_shape(name, spec) if last is None else (last.stop, *t.shape[1:])
         if expect is not None and tuple(t.shape) != expect:
             raise _corrupt(gf.path, f"tensor {t.name} has shape {list(t.shape)}, the metadata implies {list(expect)}")
 
@@ -419,5 +418,5 @@ def _load_gguf(path, dtype, threads):
         tensors = list(pool.map(convert, wanted))
     state = {}
     for (_, name), w in zip(wanted, tensors):
-        state.update({part: w[a:b].clone() for part, a, b in joined[name]} if name in joined else {name: w})
+        state.update({p.name: w if p.rows is None else w[p.rows].clone() for p in parts[name]})
     return spec, state

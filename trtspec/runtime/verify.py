@@ -39,7 +39,7 @@ def choose_together(checks: list, batched: bool | None = None) -> torch.Tensor:
                             sampling_choice(c.tree, c.scores, c.key) for c in checks])
     sampled = [c for c in checks if c.key is not None]
     if sampled:                                  # their uniforms (verify.drawn's) reach the device in one copy
-        host = np.concatenate([keyed_uniforms(c.key[0], c.key[1] + c.tree.host_depth) for c in sampled])
+        host = np.concatenate([keyed_uniforms(c.key[0], positions(c.tree, c.key)) for c in sampled])
         u = iter(torch.from_numpy(host).to(checks[0].scores.device).split([len(c.tree) for c in sampled]))
     best = [c.scores.argmax(-1) if c.key is None else inverse_cdf(c.scores, next(u)) for c in checks]
     return _choices([c.tree for c in checks], best)
@@ -50,8 +50,12 @@ def drawn(tree: TokenTree, probs: torch.Tensor, key: tuple[int, int]) -> torch.T
     uniform keyed by (seed, the position that token takes: key's start + the node's depth). A token
     so depends on its seed, its position and its distribution alone, never on the tree around it,
     the batch or the device: a sampled request's tokens are the ones `ar` draws, one per step."""
-    seed, start = key
-    return keyed_draw(probs, seed, start + tree.host_depth)
+    return keyed_draw(probs, key[0], positions(tree, key))
+
+
+def positions(tree: TokenTree, key: tuple[int, int]) -> np.ndarray:
+    """[N] the position each node's token takes: key's start + the node's depth (its draw's key)."""
+    return key[1] + tree.host_depth
 
 
 def greedy_choices(trees: list[TokenTree], logits: list[torch.Tensor]) -> torch.Tensor:
