@@ -7,6 +7,12 @@ one token) or to different ones (T random tokens), in three forms:
               each row gathers its own k experts' weights and multiplies them alone (row-exact: a
               row's result never depends on the other rows), so T rows read T x k experts whether
               they share them or not;
+  ours-qmoe   the experts as a `quantize: int4` build writes them (engines/qmoe.py): ONNX Runtime's
+              quantized MoE kernel (com.microsoft.QMoE, int4 blocks of 32, int8 activations), one
+              row per call (a Scan over the rows), so a row's arithmetic is the same alone or not;
+  ours-gbq    a form tried and left (int4 by ONNX Runtime's Gather quantizer): each Gather of
+              stacked experts as com.microsoft.GatherBlockQuantized, which dequantizes a row's k
+              experts to fp32 before the same products;
   ours-torch  the same module in torch eager;
   grouped     transformers' own Qwen3MoeExperts on the same weights (torch eager): each expert the
               rows picked runs once over its rows, so T rows read the distinct experts they picked.
@@ -16,7 +22,8 @@ Row-exactness is measured too: a token's output alone and among 1, 3, 7 and 15 o
 gate * sigmoid(1.702 gate) * (up + 1), not Qwen3's silu(gate) * up, and it takes no third weight.)
 
     python -m lab.moe_tree_cost [--experts 128] [--top-k 8] [--hidden 2048] [--inter 768]
-                                [--threads 2] [--repeat 7] [--out docs/bench/moe-tree-cost]
+                                [--threads 2] [--repeat 7] [--forms ours-ort,ours-qmoe,...]
+                                [--out docs/bench/moe-tree-cost]
 
 Writes moe.json and moe.md (medians in ms per forward) to --out; prints the table.
 """
@@ -58,6 +65,61 @@ def export_ours(moe: MoE, folder: Path) -> Path:
     return path
 
 
+def gathered_int4(path: Path) -> Path:
+    """ours-gbq: the exported graph with every Gather of stacked experts quantized by ONNX Runtime's
+    own Gather quantizer (4-bit blocks of 32 along K, GatherBlockQuantized)."""
+    import onnx
+    from onnx import helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    m = onnx.load(str(path))
+    m.opset_import[0].version = 21                   # 4-bit initializers
+    q = MatMulNBitsQuantizer(m, bits=4, block_size=32, is_symmetric=False, op_types_to_quantize=("Gather",),
+                             quant_axes=(("Gather", 2),))
+    q.process()
+    out = path.with_name("gbq.onnx")
+    if not any(o.domain == "com.microsoft" for o in q.model.model.opset_import):
+        q.model.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(q.model.model, str(out), save_as_external_data=True, location="gbq.onnx.data")
+    return out
+
+
+def qmoe(moe: MoE, spec: ModelSpec, folder: Path) -> Path:
+    """ours-qmoe: the module exported with its experts as one node, replaced as a `quantize: int4`
+    build replaces it (engines/qmoe.py), at int8 activations (accuracy level 4)."""
+    import onnx
+
+    from trtspec.engines.qmoe import experts_nodes, is_experts
+    from trtspec.export.experts_op import TRANSLATION
+
+    class Source:                                    # the checkpoint's names, as engines/weights.py serves them
+        def get(self, key, dtype):
+            return getattr(moe.experts, key.rsplit(".", 1)[1]).detach().to(dtype)
+
+    moe.fused = True
+    try:
+        x = torch.randn(1, 4, moe.gate.in_features)
+        with torch.no_grad():
+            program = torch.onnx.export(moe, (x,), dynamo=True, opset_version=18, input_names=["x"], output_names=["y"],
+                                        dynamic_shapes={"x": {1: torch.export.Dim("rows")}},
+                                        custom_translation_table=TRANSLATION)
+    finally:
+        moe.fused = False
+    m = program.model_proto
+    node = next(n for n in m.graph.node if is_experts(n))
+    nodes, inits = experts_nodes(node, Source(), spec, 4)
+    at = list(m.graph.node).index(node)
+    m.graph.node.remove(node)
+    for i, n in enumerate(nodes):
+        m.graph.node.insert(at + i, n)
+    m.graph.initializer.extend(inits)
+    keep = [o for o in m.opset_import if o.domain != "trtspec"] + [onnx.helper.make_opsetid("com.microsoft", 1)]
+    del m.opset_import[:]
+    m.opset_import.extend(keep)
+    out = folder / "qmoe.onnx"
+    onnx.save(m, str(out), save_as_external_data=True, location="qmoe.onnx.data")
+    return out
+
+
 def grouped(moe: MoE, a):
     """transformers' Qwen3MoeExperts holding the same weights (gate and up stacked as it keeps them)."""
     import transformers
@@ -70,10 +132,15 @@ def grouped(moe: MoE, a):
     return experts.eval()
 
 
+EVICT = np.zeros(64 << 20, np.float32)              # 256 MB written between calls: each call reads its experts cold,
+                                                    # as in a model whose other layers ran in between
+
+
 def timed(fn, repeat: int) -> float:
     fn()                                            # warm-up
     times = []
     for _ in range(repeat):
+        np.add(EVICT, 1.0, out=EVICT)
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -88,6 +155,7 @@ def main() -> None:
     ap.add_argument("--inter", type=int, default=768)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--forms", default="ours-ort,ours-qmoe,ours-gbq,ours-torch,grouped", help="comma-separated forms to run")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     torch.manual_seed(0)
@@ -98,7 +166,11 @@ def main() -> None:
     rows = {"same": torch.randn(1, a.hidden).repeat(16, 1), "different": torch.randn(16, a.hidden)}
     results, check = [], {}
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
-        ours, theirs = session(export_ours(moe, Path(tmp)), a.threads), grouped(moe, a)
+        want = a.forms.split(",")
+        exported = export_ours(moe, Path(tmp))
+        ours, theirs = session(exported, a.threads), grouped(moe, a)
+        fused = session(qmoe(moe, spec_of(a), Path(tmp)), a.threads) if "ours-qmoe" in want else None
+        gbq = session(gathered_int4(exported), a.threads) if "ours-gbq" in want else None
         torch.set_num_threads(a.threads)
 
         def route(x):
@@ -106,8 +178,11 @@ def main() -> None:
             return idx, (w / w.sum(-1, keepdim=True)).to(x.dtype)
 
         forms = {"ours-ort": lambda x: ours.run(None, {"x": x[None].numpy()})[0][0],
+                 "ours-qmoe": lambda x: fused.run(None, {"x": x[None].numpy()})[0][0],
+                 "ours-gbq": lambda x: gbq.run(None, {"x": x[None].numpy()})[0][0],
                  "ours-torch": lambda x: moe(x[None])[0].numpy(),
                  "grouped": lambda x: theirs(x, *route(x)).numpy()}
+        forms = {k: f for k, f in forms.items() if k in want}
         ref = moe(rows["different"][None])[0].numpy()
         for name, f in forms.items():
             full = f(rows["different"])

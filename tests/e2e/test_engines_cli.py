@@ -387,10 +387,18 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
             lambda m, i, out: picked.append(out.topk(2, -1).indices.sort(-1).values))
         reference_logits(target, list(range(40, 56)))
         assert len({tuple(p) for p in picked[0][0].tolist()}) >= 3, picked
+        moe = sum(target.spec.has_experts(i) for i in range(target.spec.num_layers))    # int4 experts on QMoE
+        assert moe and info["quantize"]["experts_quantized"] == info["quantize"]["experts_total"] == 3 * moe
+        assert info["quantize"]["experts"].startswith("int4: com.microsoft.QMoE"), info["quantize"]
+        import onnx
+        graph = onnx.load(str(next((folder / "target").glob("model.*-int4*.onnx"))), load_external_data=False)
+        assert sum(n.op_type == "Scan" for n in graph.graph.node) == moe       # one row per QMoE call
     res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
     assert res.exit_code == 0, res.output
     line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
     assert " 0 of " in line and line.endswith("bit-identical"), line
+    if arch == "qwen3_moe":
+        assert "experts    6 of 6 expert weights quantized (int4: com.microsoft.QMoE" in res.output, res.output
     if arch not in ("gemma3", "qwen3_moe"):   # the older families' strategies: tests/integration's tiny pairs
         return
     every_strategy_is_ar(load_generator(folder), 32)

@@ -99,6 +99,33 @@ def test_engine_weights_are_the_gguf_s_bit_for_bit(qtype, level):
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
     rows = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": ids})[0]
     assert np.array_equal(bits(rows[0]), bits(want[ids[0]]))
+    # and as 4 stacked experts of 12 rows each, gathered by a flat list of choices (a mixture's form)
+    nodes, inits = gguf_blocks.gather_nodes("w", "x", "y", bl, lead=(4, 12), ids_rank=1)
+    ids = np.array([3, 0, 2, 2, 1], dtype=np.int64)
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [None])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    rows = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": ids})[0]
+    assert np.array_equal(bits(rows), bits(want.reshape(4, 12, k)[ids]))
+
+
+def graph_steps_like_torch(model, graph, prompt: int = 9, capacity: int = 32) -> None:
+    """A prefill of `prompt` random tokens, then one more: the ONNX graph at `graph` on ONNX Runtime
+    gives the torch model's logits to fp32 accuracy (1e-4)."""
+    import torch
+    from test_onnx import assert_step_close, prefill
+
+    from trtspec.engines.onnxruntime_engine import OrtEngine
+    from trtspec.engines.torch_engine import TorchEngine
+    engines = TorchEngine(model), OrtEngine(graph, model.spec, intra_op_threads=1)
+    caches = [e.new_cache(capacity) for e in engines]
+    gen = torch.Generator().manual_seed(2)
+    for args in (prefill(gen, 0, prompt), prefill(gen, prompt, 1)):
+        a, b = (e.step(c, *args) for e, c in zip(engines, caches))
+        assert_step_close(b, a, 1e-4)
+        for c in caches:
+            c.advance(args[0].shape[0])
+            c.commit(range(args[0].shape[0]))
 
 
 def test_types_kept_dense_are_none():
@@ -151,10 +178,7 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     own blocks: probed through ONNX Runtime, each equals the file's weight bit for bit (llama's q/k
     in the un-permuted order the model uses), and the graph's logits are the fp32 model's."""
     import torch
-    from test_onnx import assert_step_close, prefill
 
-    from trtspec.engines.onnxruntime_engine import OrtEngine
-    from trtspec.engines.torch_engine import TorchEngine
     from trtspec.export.checkpoint import load_decoder
     from trtspec.export.onnx_export import optimize_for_ort
     from trtspec.engines.stream import build_graph
@@ -182,15 +206,7 @@ def test_a_tiny_gguf_graph_takes_its_blocks_exactly(tiny_gguf, tmp_path):
     res = gguf_blocks.probe(tmp_path / "q8.ort.onnx", tiny_gguf)
     assert len(res) == 15 and all(res.values()), res
 
-    engines = TorchEngine(model), OrtEngine(tmp_path / "q.onnx", model.spec, intra_op_threads=1)
-    caches = [e.new_cache(32) for e in engines]
-    gen = torch.Generator().manual_seed(2)
-    for args in (prefill(gen, 0, 9), prefill(gen, 9, 1)):
-        a, b = (e.step(c, *args) for e, c in zip(engines, caches))
-        assert_step_close(b, a, 1e-4)
-        for c in caches:
-            c.advance(args[0].shape[0])
-            c.commit(range(args[0].shape[0]))
+    graph_steps_like_torch(model, tmp_path / "q.onnx")
 
 
 def test_the_probe_catches_a_changed_weight(tiny_gguf, tmp_path):
@@ -296,3 +312,54 @@ def test_a_q4_k_m_graph_joins_q_k_v_and_gate_up(arch, tmp_path):
         for c in caches:
             c.advance(args[0].shape[0])
             c.commit(range(args[0].shape[0]))
+
+
+def test_a_mixture_s_quantized_experts_are_gathered_from_their_blocks(tmp_path):
+    """A Qwen3-MoE GGUF whose stacked experts are stored in blocks (gate Q4_K, up Q6_K, down Q8_0, as
+    quantized files mix them): `quantize: gguf` gathers each row's experts from the file's blocks
+    (GatherBlockQuantized, Q4_K's offsets added after), the probe finds every expert equal to
+    gguf.quants.dequantize bit for bit, and the graph's logits are the dequantized model's."""
+    import torch
+    import transformers
+    from test_gguf import gguf_name, write_gguf
+
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
+    from trtspec.export.checkpoint import load_decoder
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(vocab_size=97, hidden_size=256, intermediate_size=256, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=64, num_hidden_layers=2, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                                      max_position_embeddings=128, tie_word_embeddings=False)
+    model = transformers.Qwen3MoeForCausalLM(cfg).eval()
+    rng = np.random.default_rng(0)
+    plan = {"gate": Q.Q4_K, "up": Q.Q6_K, "down": Q.Q8_0}
+    tensors, raw = {}, {}
+    for k, v in model.state_dict().items():
+        layer = k.split(".")[2] if k.startswith("model.layers.") else None
+        if k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"):   # transformers 5: gate and up stacked
+            parts = zip(("gate", "up"), v.chunk(2, 1)) if "gate_up" in k else [("down", v)]
+            for part, w in parts:
+                e, n, kk = w.shape
+                name, q = f"blk.{layer}.ffn_{part}_exps.weight", plan[part]
+                b = random_blocks(q, e * n, kk, rng) if q in K_QUANTS else \
+                    gguf.quants.quantize(w.reshape(e * n, kk).contiguous().numpy(), q)
+                tensors[name], raw[name] = b.reshape(e, n, -1), q
+            continue
+        tensors[f"blk.{layer}.ffn_gate_inp.weight" if k.endswith("mlp.gate.weight") else gguf_name(k)] = v.numpy()
+    cfg.rope_parameters = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    path = tmp_path / "moe.gguf"
+    write_gguf(path, "qwen3moe", cfg, tensors, raw, more=lambda w: (
+        w.add_expert_count(4), w.add_expert_used_count(2), w.add_expert_feed_forward_length(64), w.add_key_length(64)))
+
+    rec = build_graph(open_weights(path), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
+    assert rec["experts_quantized"] == rec["experts_total"] == 2 * 3
+    assert rec["experts"] == "Q4_K, Q6_K, Q8_0: gathered from its blocks"
+    nodes = onnx.load(str(tmp_path / "q.onnx")).graph.node
+    assert sum(n.op_type == "GatherBlockQuantized" for n in nodes) == 2 * 3
+    res = gguf_blocks.probe(tmp_path / "q.onnx", path)
+    experts = [g for g in res if "_exps" in g]
+    assert len(experts) == 2 * 3 and all(res.values()), res
+    model = load_decoder(path)
+    graph_steps_like_torch(model, tmp_path / "q.onnx")

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.skipif(not TREES or not (TREES[-1] / "convert_hf_to_ggu
 # The tiny tokenizer is BPE with a pre-tokenizer the converter does not know by hash: it is named
 # gpt-2, which changes nothing the weights or the token ids depend on (prompts are given as ids).
 CONVERT = """import runpy, sys
-tree, folder, out = sys.argv[1:4]
+tree, folder, out, outtype = sys.argv[1:5]
 sys.path[:0] = [tree + "/gguf-py", tree]
-sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", "f32", "--outfile", out]
+sys.argv = ["convert_hf_to_gguf.py", folder, "--outtype", outtype, "--outfile", out]
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
 runpy.run_path(tree + "/convert_hf_to_gguf.py", run_name="__main__")
@@ -88,11 +88,12 @@ def converted(tmp_path_factory) -> dict[str, tuple[Path, object]]:
             tok["added_tokens"].append({"id": 512, "content": "<mask>", "single_word": False, "lstrip": False,
                                         "rstrip": False, "normalized": False, "special": True})
             (folder / "tokenizer.json").write_text(json.dumps(tok))
-        gguf = folder.parent / f"{arch}.gguf"
-        res = subprocess.run([sys.executable, str(script), str(TREES[-1]), str(folder), str(gguf)],
-                             capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr[-2000:]
-        out[arch] = gguf, model
+        for outtype in ("f32", "q8_0"):    # q8_0: the converter's own quantized file
+            gguf = folder.parent / f"{arch}-{outtype}.gguf"
+            res = subprocess.run([sys.executable, str(script), str(TREES[-1]), str(folder), str(gguf), outtype],
+                                 capture_output=True, text=True, timeout=300)
+            assert res.returncode == 0, res.stderr[-2000:]
+        out[arch] = folder.parent / f"{arch}-f32.gguf", model
     return out
 
 
@@ -118,6 +119,29 @@ def test_a_converted_gguf_gives_back_the_weights_and_transformers_logits(convert
         ref = model(torch.tensor([PROMPT])).logits[0]
     ours = reference_logits(load_decoder(gguf), PROMPT)
     assert (ours - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+@pytest.mark.parametrize("arch", list(FAMILIES))
+def test_a_converted_q8_0_gguf_builds_from_its_own_blocks(converted, arch, tmp_path):
+    """The converter's Q8_0 file of each family built with `quantize: gguf`: every product it stores
+    in blocks (Qwen3-MoE's stacked experts too, gathered per row) runs from those blocks, the probe
+    finds each equal to gguf.quants.dequantize bit for bit, and the graph's logits are those of the
+    file's dequantized weights (fp32 activations)."""
+    from test_gguf_blocks import graph_steps_like_torch
+
+    from trtspec.engines import gguf_blocks
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
+    from trtspec.export.checkpoint import load_decoder
+    gguf = converted[arch][0].with_name(f"{arch}-q8_0.gguf")
+    rec = build_graph(open_weights(gguf), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
+    assert rec["matmuls_quantized"] > 0 and set(rec["block_types"]) == {"Q8_0"}, rec
+    assert rec.get("experts_quantized", 0) == (3 * 2 if arch == "qwen3_moe" else 0), rec
+    res = gguf_blocks.probe(tmp_path / "q.onnx", gguf)            # every weight taken from blocks, probed
+    probed = sum(len(g[len("gguf/"):].split("/", 1)[0].split("+")) for g in res)
+    assert probed == rec["matmuls_quantized"] + (rec["embedding"] != "dense") + rec.get("experts_quantized", 0)
+    assert all(res.values()), res
+    graph_steps_like_torch(load_decoder(gguf), tmp_path / "q.onnx", prompt=20, capacity=64)
 
 
 @pytest.mark.skipif(not SERVER.is_file(), reason="llama-server is not built (make llama-cpp)")

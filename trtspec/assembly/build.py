@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..engines.manifest import EngineError, verify, write_manifest
-from ..engines.quantize import activations, exact_attention
+from ..engines.quantize import activations, exact_attention, fused_experts
 from ..engines.stream import release_memory
 from ..errors import Terminated
 from ..export.contract import io_spec
@@ -236,8 +236,9 @@ def _ahead(cfg: Config, roles, want_onnx: bool, log):
     try:
         for role, entry in later:
             for dt in cfg.build.onnx_dtypes:
-                jobs[(role, dt)] = ExportJob(open_source(entry, role).spec.to_dict(), dt,
-                                             exact_attention(role, entry), cfg.build.opset)
+                spec = open_source(entry, role).spec
+                jobs[(role, dt)] = ExportJob(spec.to_dict(), dt, exact_attention(role, entry), cfg.build.opset,
+                                             fused_experts(spec, entry.quantize))
         yield {key: _Answer(job, key, log) for key, job in jobs.items()}
     finally:
         for job in jobs.values():
@@ -335,7 +336,7 @@ def _export_onnx(cfg: Config, weights, folder: Path, role: str, dt: str, entry: 
                          ACCURACY_LEVEL[acts], desc=f"{role}: writing {path.name}",
                          exported=None if ahead is None else ahead.get(), head=head, hidden=entry.hidden_rows)
     if mode != "none":              # the config allows it for onnxruntime fp32 only
-        if counts["matmuls_quantized"] == 0:
+        if counts["matmuls_quantized"] == 0 and not counts.get("experts_quantized"):
             raise EngineError(f"{role} {entry.model}: no MatMul weight is a quantized tensor of the source; "
                               "use quantize int4")
         info["quantize"] = record(mode, acts, counts)

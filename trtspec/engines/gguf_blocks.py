@@ -199,30 +199,34 @@ def matmul_nodes(name: str, x: str, y: str, bl: Blocks, accuracy_level: int):
     return nodes, inits
 
 
-def gather_nodes(name: str, ids: str, y: str, bl: Blocks):
-    """Nodes and initializers computing y = w[ids] (an embedding lookup) from the blocks of w [V, K]
-    as they are: ONNX Runtime's GatherBlockQuantized on the codes ((q - z) * s, exact in fp32), plus
-    the gathered offsets where the type has them (one rounding, as gguf's), so the rows are the
-    GGUF's weights bit for bit, at 4 or 8 bits a code instead of 32."""
+def gather_nodes(name: str, ids: str, y: str, bl: Blocks, lead: tuple[int, ...] | None = None, ids_rank: int = 2):
+    """Nodes and initializers computing y = w[ids] from the blocks of w as they are: an embedding
+    w [V, K] (`lead` (V,), ids [B, T]), or stacked experts w [E, N, K] (`lead` (E, N); `bl` holds their
+    E * N rows) gathered by the rows' chosen experts (ids [B * T * k], `ids_rank` 1). ONNX Runtime's GatherBlockQuantized on the codes ((q - z) * s,
+    exact in fp32), plus the gathered offsets where the type has them (one rounding, as gguf's), so
+    the rows are the GGUF's weights bit for bit, at 4 or 8 bits a code instead of 32."""
     from onnx import helper, numpy_helper
 
-    v, k = bl.codes.shape
+    rows, k = bl.codes.shape
+    lead = tuple(lead or (rows,))
     nb, p = k // bl.block, f"{PREFIX}{name}/"
     bits = 4 if bl.bits <= 4 else 8
     u = (bl.codes - np.int16(bl.low)).astype(np.uint8)
     z = -bl.low
     data = _pack4(u) if bits == 4 else u
-    zero = _pack4(np.full((v, nb), z, dtype=np.uint8)) if bits == 4 else np.full((v, nb), z, dtype=np.uint8)
-    inits = [numpy_helper.from_array(data, f"{p}codes"), numpy_helper.from_array(bl.scale, f"{p}scale"),
-             numpy_helper.from_array(zero, f"{p}zero")]
+    zero = _pack4(np.full((rows, nb), z, dtype=np.uint8)) if bits == 4 else np.full((rows, nb), z, dtype=np.uint8)
+    inits = [numpy_helper.from_array(data.reshape(*lead, -1), f"{p}codes"),
+             numpy_helper.from_array(bl.scale.reshape(*lead, nb), f"{p}scale"),
+             numpy_helper.from_array(zero.reshape(*lead, -1), f"{p}zero")]
     nodes = [helper.make_node("GatherBlockQuantized", [f"{p}codes", ids, f"{p}scale", f"{p}zero"], [f"{p}rows"],
-                              domain="com.microsoft", gather_axis=0, quantize_axis=1, block_size=bl.block,
+                              domain="com.microsoft", gather_axis=0, quantize_axis=len(lead), block_size=bl.block,
                               bits=bits, name=f"{p}gather")]
-    if bl.offset is not None:
-        inits += [numpy_helper.from_array(bl.offset, f"{p}offset"),
-                  numpy_helper.from_array(np.array([0, 0, nb, bl.block], dtype=np.int64), f"{p}blocks"),
-                  numpy_helper.from_array(np.array([0, 0, nb, 1], dtype=np.int64), f"{p}one"),
-                  numpy_helper.from_array(np.array([0, 0, k], dtype=np.int64), f"{p}flat")]
+    if bl.offset is not None:       # y [*ids, *lead[1:], K]: those dims copied by Reshape's zeros, K split
+        keep = [0] * (ids_rank + len(lead) - 1)
+        inits += [numpy_helper.from_array(bl.offset.reshape(*lead, nb), f"{p}offset"),
+                  numpy_helper.from_array(np.array(keep + [nb, bl.block], dtype=np.int64), f"{p}blocks"),
+                  numpy_helper.from_array(np.array(keep + [nb, 1], dtype=np.int64), f"{p}one"),
+                  numpy_helper.from_array(np.array(keep + [k], dtype=np.int64), f"{p}flat")]
         nodes += [helper.make_node("Gather", [f"{p}offset", ids], [f"{p}off"], axis=0, name=f"{p}off"),
                   helper.make_node("Reshape", [f"{p}rows", f"{p}blocks"], [f"{p}rb"], name=f"{p}rb"),
                   helper.make_node("Reshape", [f"{p}off", f"{p}one"], [f"{p}ob"], name=f"{p}ob"),
@@ -287,7 +291,7 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
     import onnxruntime as ort
     from onnx import helper, numpy_helper
 
-    from ..export.gguf_loader import GGUFFile, _dequantize, spec_from_gguf
+    from ..export.gguf_loader import GGUFFile, spec_from_gguf
 
     model = onnx.load(str(model_path))
     inits = {i.name: i for i in model.graph.initializer}
@@ -299,10 +303,10 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
     spec = spec_from_gguf(gf)
     tensors = {t.name: t for t in gf.tensors}
     out = {}
-    for node in model.graph.node:         # embeddings gathered from their blocks: every row, as the graph does
+    for node in model.graph.node:         # embeddings and experts gathered from their blocks: every row
         if node.name.startswith(PREFIX) and node.op_type == "GatherBlockQuantized":
             group = node.name.rsplit("/", 1)[0]
-            t = tensors[group[len(PREFIX):].split("/", 1)[0]]
+            t = tensors[group[len(PREFIX):].split("/", 1)[0].partition("[")[0]]
             rows = np.arange(t.shape[0], dtype=np.int64)
             attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
             weight = [node.input[0], node.input[2], node.input[3]]
@@ -312,10 +316,10 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
                 [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], [inits[i] for i in weight])
             m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
             y = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"ids": rows})[0]
-            if (off := inits.get(f"{group}/offset")) is not None:
+            if (off := inits.get(f"{group}/offset")) is not None:       # [V, K // block] or [E, N, K // block]
                 o = numpy_helper.to_array(off)
-                y = (y.reshape(len(rows), o.shape[1], -1) + o[:, :, None]).reshape(len(rows), -1)
-            want = _dequantize(gf, t)[_row_order(spec, t.name, t.shape[0])]
+                y = (y.reshape(*o.shape, -1) + o[..., None]).reshape(y.shape)
+            want = _weight(gf, spec, tensors, group[len(PREFIX):].split("/", 1)[0])
             out[group] = y.shape == want.shape and np.array_equal(_bits(y), _bits(want))
     for group, nodes in groups.items():
         tname = group[len(PREFIX):].split("/", 1)[0]
@@ -340,10 +344,22 @@ def probe(model_path: Path, gguf_path: Path) -> dict[str, bool]:
         if off is not None:
             o = numpy_helper.to_array(off).T
             total = total + np.repeat(o, k // o.shape[1], axis=1)
-        want = np.concatenate([_dequantize(gf, t)[_row_order(spec, t.name, t.shape[0])]
-                               for t in (tensors[n] for n in tname.split("+"))])
+        want = np.concatenate([_weight(gf, spec, tensors, n) for n in tname.split("+")])
         out[group] = total.shape == want.shape and np.array_equal(_bits(total), _bits(want))
     return out
+
+
+def _weight(gf, spec, tensors: dict, label: str) -> np.ndarray:
+    """The dequantized weight a product's name stands for: a GGUF tensor in the model's row order, or
+    its rows [a:b] (a piece of a joined tensor: Phi-3's q/k/v and gate/up)."""
+    from ..export.gguf_loader import _dequantize
+    name, _, rows = label.partition("[")
+    t = tensors[name]
+    w = _dequantize(gf, t)[_row_order(spec, t.name, t.shape[0])]
+    if rows:
+        a, b = (int(v) for v in rows.rstrip("]").split(":"))
+        w = w[a:b]
+    return w
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

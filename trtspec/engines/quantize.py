@@ -54,6 +54,12 @@ def exact_attention(role: str, entry) -> bool:
     return role == "target" and entry.quantize != "none" and activations(role, entry) == "int8"
 
 
+def fused_experts(spec, mode: str) -> bool:
+    """Whether a build's mixture runs its experts on ONNX Runtime's quantized MoE kernel (int4:
+    engines/qmoe.py) rather than as the exported products (fp32 at int8; a GGUF's own blocks, gathered)."""
+    return mode == "int4" and bool(spec.num_experts)
+
+
 def scheme(mode: str, acts: str) -> dict:
     """What the manifest records about a quantized model."""
     import onnxruntime
@@ -61,7 +67,8 @@ def scheme(mode: str, acts: str) -> dict:
             "symmetric": SYMMETRIC, "accuracy_level": ACCURACY_LEVEL[acts],
             "activations": acts, "weights": "every MatMul with a constant "
             "weight (attention, MLP; the LM head unless tied to the embedding); norms stay fp32, and embeddings "
-            "too unless the source stores them in blocks (a GGUF: gathered from its blocks, bit for bit)",
+            "too unless the source stores them in blocks (a GGUF: gathered from its blocks, bit for bit); a "
+            "mixture's experts in the same blocks on ONNX Runtime's QMoE, one row per call (int4; fp32 at int8)",
             "quantizer": f"onnxruntime.quantization.MatMulNBitsQuantizer (onnxruntime {onnxruntime.__version__})"}
 
 
@@ -69,8 +76,9 @@ def record(mode: str, acts: str, counts: dict) -> dict:
     """The manifest's `quantize` record of a graph written by engines/stream.py."""
     import onnxruntime
     if mode != "gguf":
-        return {**scheme(mode, acts), **{k: counts[k] for k in ("matmuls_quantized", "matmuls_total",
-                                                                "joined_products", "embedding")}}
+        return {**scheme(mode, acts), **{k: counts[k] for k in ("matmuls_quantized", "matmuls_total", "joined_products",
+                                                                "embedding", "experts_quantized", "experts_total",
+                                                                "experts") if k in counts}}
     return {"mode": "gguf", "op": "com.microsoft.MatMulNBits", "bits": 4, "block_size": "the GGUF's (16 or 32)",
             "symmetric": False, "accuracy_level": ACCURACY_LEVEL[acts], "activations": acts,
             "weights": "the GGUF's block codes, scales and mins: 4-bit terms per nibble of the codes (8-bit "

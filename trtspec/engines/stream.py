@@ -41,6 +41,8 @@ from ..export.contract import io_names
 from ..export.packs import cache_dir, write_atomic
 from ..export.model import Decoder
 from ..export.spec import ModelSpec
+from .qmoe import experts_nodes, is_experts
+from .quantize import fused_experts
 
 log = logging.getLogger(__name__)
 INLINE_BYTES = 1024          # smaller tensors stay inside the graph file (as onnx.save's threshold)
@@ -55,7 +57,7 @@ class Ref:
     dtype: int               # TensorProto data type
 
 
-def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
+def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool, fused: bool = False) -> Decoder:
     from torch._subclasses.fake_tensor import FakeTensorMode
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)                # parameters made in `dtype` (fake ones cannot be cast)
@@ -67,21 +69,24 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool) -> Decoder:
     model.reset_rotary()                          # real (tiny) buffers, as Decoder.from_state makes them
     if exact:
         model.exact_attention()
+    if fused:
+        model.fused_experts()
     return model.eval().requires_grad_(False)
 
 
-def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
-                 opset: int = 18, hidden: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False, opset: int = 18, hidden: bool = False,
+                 fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     """The step graph of `spec` in `dtype` (fp64 attention when `exact`; the hidden rows too with
-    `hidden`, export/contract.py), weightless: every weight is a placeholder initializer named in
-    `refs`; from the graph cache when it holds it."""
-    path = _cached_graph(spec, dtype, exact, opset, hidden)
+    `hidden`, export/contract.py; a mixture's experts as one node per layer with `fused`, for a
+    quantized build to replace: engines/qmoe.py), weightless: every weight is a placeholder
+    initializer named in `refs`; from the graph cache when it holds it."""
+    path = _cached_graph(spec, dtype, exact, opset, hidden, fused)
     try:
         refs = {k: Ref(r[0], r[1], tuple(r[2]), r[3]) for k, r in json.loads(path.with_suffix(".json").read_text()).items()}
         return onnx.load(str(path)), refs
     except Exception:                                 # noqa: BLE001 - not cached (or unreadable): export it
         pass
-    graph, refs = _export_graph(spec, dtype, exact, opset, hidden)
+    graph, refs = _export_graph(spec, dtype, exact, opset, hidden, fused)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, graph.SerializeToString())
@@ -91,27 +96,30 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False,
     return graph, refs
 
 
-def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int, hidden: bool = False) -> Path:
+def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int, hidden: bool = False,
+                  fused: bool = False) -> Path:
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
     import onnxscript
 
-    from ..export import contract, model, onnx_export
+    from ..export import contract, experts_op, model, onnx_export
     h = hashlib.sha256(json.dumps([spec.to_dict(), str(dtype), exact, opset, torch.__version__,
-                                   onnxscript.__version__, onnx.__version__] + ([True] if hidden else []),
+                                   onnxscript.__version__, onnx.__version__] + ([True] if hidden else []) +
+                                  (["fused"] if fused else []),
                                   sort_keys=True, default=str).encode())
-    for module in (contract, model, onnx_export, sys.modules[__name__]):
+    for module in (contract, experts_op, model, onnx_export, sys.modules[__name__]):
         h.update(Path(module.__file__).read_bytes())
     return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
 
 
 def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int,
-                  hidden: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+                  hidden: bool = False, fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
 
     from ..export.onnx_export import _quiet_exporter, _sample_inputs, _Step, fix_interface
 
-    model = _fake_decoder(spec, dtype, exact)
+    from ..export.experts_op import TRANSLATION
+    model = _fake_decoder(spec, dtype, exact, fused)
     model.hidden_rows = hidden
     step, args = _Step(model), _sample_inputs(model)
     n_past, Dim = len(args) - 4, torch.export.Dim
@@ -122,7 +130,8 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int,
     inputs, outputs = io_names(spec.num_layers, spec.num_kv_heads, hidden)
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-                                    input_names=inputs, output_names=outputs, verbose=False, optimize=False)
+                                    input_names=inputs, output_names=outputs, verbose=False, optimize=False,
+                                    custom_translation_table=TRANSLATION if fused else None)
         weights = {}
         for name, v in program.model.graph.initializers.items():
             if isinstance(getattr(v.const_value, "raw", None), FakeTensor):
@@ -254,7 +263,6 @@ def _reduce_head(proto: onnx.ModelProto, refs: dict[str, Ref], weights, ids: np.
 
 def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, quantize: str, level: int,
           progress) -> dict:
-    from .gguf_blocks import gather_nodes
     g = proto.graph
     inits = [out.put(t) for t in g.initializer]
     matmuls = [n for n in g.node if n.op_type == "MatMul" and n.input[1] in refs and refs[n.input[1]].transposed]
@@ -277,16 +285,36 @@ def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, 
         joined += len(group) > 1
         release_memory()
     gathers = [n for n in g.node if n.op_type == "Gather" and n.input[0] in refs and not refs[n.input[0]].transposed]
-    for node in gathers if quantize != "none" else []:     # embeddings: the source's blocks, gathered as they are
-        found = weights.blocks(refs[node.input[0]].key)
-        if found is None:
-            continue
-        nodes, new_inits = gather_nodes(f"{found[0]}/{node.name}", node.input[1], node.output[0], found[1])
+    fused = [n for n in g.node if is_experts(n)]           # a mixture's experts, one node per layer (quantized build)
+    experts = {"experts_total": 3 * len(fused) + sum(len(refs[n.input[0]].shape) == 3 for n in gathers),
+               "experts_quantized": 0}
+    gathered: set[str] = set()                             # the block types experts are gathered from
+    for node in fused:
+        if not fused_experts(weights.spec, quantize):
+            raise ValueError(f"{node.name}: a graph with fused experts is built with quantize int4, not {quantize}")
+        nodes, new_inits = experts_nodes(node, weights, weights.spec, level)
         replaced[node.name] = nodes
         inits += [out.put(t) for t in new_inits]
+        experts["experts_quantized"] += 3
+        experts["experts"] = f"{quantize}: com.microsoft.QMoE, one row per call"
+        del new_inits
+        release_memory()
+        progress()
+    for node in gathers if quantize != "none" else []:     # embeddings and experts: gathered from blocks
+        ref = refs[node.input[0]]
+        new = _replace_gather(node, ref, weights, quantize)
+        if new is None:
+            continue
+        replaced[node.name] = new[0]
+        inits += [out.put(t) for t in new[1]]
         readers[node.input[0]] -= 1
-        embedding = weights.qtype_name(refs[node.input[0]].key)
-        del found, new_inits
+        if len(ref.shape) == 3:
+            experts["experts_quantized"] += 1
+            gathered.add(new[2])
+            experts["experts"] = ", ".join(sorted(gathered)) + ": gathered from its blocks"
+        else:
+            embedding = new[2]
+        del new
         release_memory()
         progress()
     for name, ref in refs.items():                # then the weights read as they are, in graph order
@@ -304,10 +332,26 @@ def _fill(proto: onnx.ModelProto, refs: dict[str, Ref], weights, out: DataFile, 
     g.node.extend(nodes)
     del g.initializer[:]
     g.initializer.extend(inits)
-    if (counts or embedding != "dense") and not any(o.domain == "com.microsoft" for o in proto.opset_import):
+    if (counts or embedding != "dense" or experts["experts_quantized"]) and \
+            not any(o.domain == "com.microsoft" for o in proto.opset_import):
         proto.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    keep = [o for o in proto.opset_import if o.domain != "trtspec"]    # the fused experts' own domain: replaced
+    del proto.opset_import[:]
+    proto.opset_import.extend(keep)
     return {"matmuls_quantized": sum(counts.values()), "matmuls_total": len(matmuls), "block_types": counts,
-            "joined_products": joined, "embedding": embedding}
+            "joined_products": joined, "embedding": embedding, **(experts if experts["experts_total"] else {})}
+
+
+def _replace_gather(node, ref: Ref, weights, quantize: str):
+    """(nodes, initializers, block type) gathering an embedding [V, K] or stacked experts [E, N, K]
+    (`quantize: gguf`) from the source's own blocks, or None to keep the Gather."""
+    from .gguf_blocks import gather_nodes
+    found = weights.blocks(ref.key)
+    if found is None:
+        return None
+    nodes, inits = gather_nodes(f"{found[0]}/{node.name}", node.input[1], node.output[0], found[1],
+                                ref.shape[:-1], ids_rank=2 if len(ref.shape) == 2 else 1)   # [B, T] or [B*T*k]
+    return nodes, inits, weights.qtype_name(ref.key)
 
 
 def _groups(matmuls: list, refs: dict[str, Ref], weights, quantize: str) -> list[list]:
@@ -381,11 +425,11 @@ def release_memory(collect: bool = False) -> None:
         pass                                    # not glibc: nothing to trim
 
 
-def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int) -> tuple[bytes, dict[str, Ref]]:
+def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int, fused: bool = False) -> tuple[bytes, dict[str, Ref]]:
     """export_graph as a worker process returns it (the weightless graph is a few MB): the build
     exports a draft's graph in another process while it writes the target's."""
     from ..export.spec import DTYPES
-    graph, refs = export_graph(ModelSpec.from_dict(spec), DTYPES[dtype], exact, opset)
+    graph, refs = export_graph(ModelSpec.from_dict(spec), DTYPES[dtype], exact, opset, fused=fused)
     return graph.SerializeToString(), refs
 
 
@@ -398,7 +442,7 @@ def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, op
     export_graph_bytes' answer for it."""
     from tqdm import tqdm
     if exported is None:
-        graph, refs = export_graph(weights.spec, dtype, exact, opset, hidden)
+        graph, refs = export_graph(weights.spec, dtype, exact, opset, hidden, fused_experts(weights.spec, quantize))
     else:
         graph, refs = onnx.ModelProto.FromString(exported[0]), exported[1]
     with tqdm(total=len(refs) + (head is not None), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:

@@ -109,23 +109,25 @@ class GGUFWeights(Weights):
 
     def blocks(self, name: str):
         """(GGUF tensor name, its blocks in the model's row order), checked to decode to exactly
-        what `get` returns; None for a type kept dense."""
+        what `get` returns; None for a type kept dense. Stacked experts [E, N, K] come as E * N rows."""
         from .gguf_blocks import decode
         t = self.tensors[name]
-        bl = decode(self.file.raw(t), t.qtype, tuple(t.shape)) if len(t.shape) == 2 else None
+        bl = decode(self.file.raw(t), t.qtype, (int(np.prod(t.shape[:-1])), t.shape[-1])) if len(t.shape) in (2, 3) \
+            else None
         if bl is None:
             return None
         if name in self.slices:
             bl = bl.rows(np.arange(self.slices[name].start, self.slices[name].stop))
         if (perm := self._rows(name)) is not None:
             bl = bl.rows(perm(torch.arange(t.shape[0])).numpy())
-        w = self.get(name, torch.float32).numpy()
+        w = self.get(name, torch.float32).numpy().reshape(bl.codes.shape)
         for r in range(0, w.shape[0], 4096):      # in slices: the whole dequantized copy would double the peak
             part = bl.rows(np.arange(r, min(r + 4096, w.shape[0]))).dequantize()
             if not np.array_equal(part.view(np.uint32), w[r:r + 4096].view(np.uint32)):
                 break
-        else:
-            return t.name, bl
+        else:       # a piece of a joined tensor (Phi-3's) is named by its rows: blk.0.attn_qkv.weight[0:64]
+            sl = self.slices.get(name)
+            return (t.name if sl is None else f"{t.name}[{sl.start}:{sl.stop}]"), bl
         raise RuntimeError(f"{self.file.path}: tensor {t.name} ({t.qtype.name}) decodes differently from "
                            "gguf.quants.dequantize; this gguf release changed the format: report it")
 

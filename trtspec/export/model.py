@@ -256,23 +256,30 @@ class MoE(nn.Module):
     weights read per row, shared or not (a tree whose rows pick the same experts reads them again;
     `budget: auto` prices trees from measured step costs)."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, index: int = 0):
         super().__init__()
         self.gate = nn.Linear(spec.hidden_size, spec.num_experts, bias=False)       # the router
         self.experts = Experts(spec)
         self.k, self.renorm = spec.experts_per_token, spec.norm_topk_prob
+        self.layer, self.fused = index, False    # fused: one node for the build to replace (export/experts_op.py)
 
     def forward(self, x):                                        # [B, T, H]
+        if self.fused:
+            from .experts_op import experts
+            return experts(x, self.gate(x), self.layer)
         probs = torch.softmax(self.gate(x).float(), dim=-1)      # [B, T, E], fp32 as transformers
         weight, chosen = torch.topk(probs, self.k, dim=-1)       # [B, T, k]
         if self.renorm:
             weight = weight / weight.sum(-1, keepdim=True)
         weight = weight.to(x.dtype)
-        e = self.experts
+        e, flat = self.experts, chosen.reshape(-1)
         rows = x[:, :, None, :, None]                            # [B, T, 1, H, 1]
-        gate = torch.matmul(e.gate_proj[chosen], rows).squeeze(-1)          # [B, T, k, I]
-        up = torch.matmul(e.up_proj[chosen], rows).squeeze(-1)
-        out = torch.matmul(e.down_proj[chosen], (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)   # [B, T, k, H]
+
+        def picked(w):          # [B, T, k, out, in]: one Gather (a quantized build gathers from blocks)
+            return torch.index_select(w, 0, flat).reshape(*chosen.shape, *w.shape[1:])
+        gate = torch.matmul(picked(e.gate_proj), rows).squeeze(-1)          # [B, T, k, I]
+        up = torch.matmul(picked(e.up_proj), rows).squeeze(-1)
+        out = torch.matmul(picked(e.down_proj), (F.silu(gate) * up).unsqueeze(-1)).squeeze(-1)   # [B, T, k, H]
         out = out * weight.unsqueeze(-1)
         total = out[:, :, 0]        # summed slot by slot: ONNX Runtime's ReduceSum over the slots takes
         for j in range(1, self.k):  # another order for one row than for several (measured: lab/moe_tree_cost.py)
@@ -284,7 +291,7 @@ class Layer(nn.Module):
     def __init__(self, spec: ModelSpec, index: int):
         super().__init__()
         self.self_attn = Attention(spec)
-        self.mlp = MoE(spec) if spec.has_experts(index) else MLP(spec)
+        self.mlp = MoE(spec, index) if spec.has_experts(index) else MLP(spec)
         self.windowed = spec.windowed(index)     # attends over the sliding window, with the local rotary
         self.input_layernorm = norm(spec, spec.hidden_size)
         self.post_attention_layernorm = norm(spec, spec.hidden_size)
@@ -358,6 +365,14 @@ class Decoder(nn.Module):
         activations to int8, so that a tree row gives the logits of a one-token forward."""
         for layer in self.model.layers:
             layer.self_attn.acc = dtype
+        return self
+
+    def fused_experts(self) -> "Decoder":
+        """Each MoE layer's experts as one exported node (export/experts_op.py), which a quantized
+        streaming build replaces by ONNX Runtime's quantized experts; the module no longer runs."""
+        for layer in self.model.layers:
+            if isinstance(layer.mlp, MoE):
+                layer.mlp.fused = True
         return self
 
     def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor], attend=None):

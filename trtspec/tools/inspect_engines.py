@@ -59,6 +59,9 @@ def describe(folder: Path) -> list[str]:
                 lines.append(f"  products   {q.get('joined_products', 0)} joined (weights of one input as one product); "
                              f"embedding {q.get('embedding', 'dense')}"
                              + (" (gathered from its blocks)" if q.get("embedding", "dense") != "dense" else ""))
+            if q.get("experts_total"):
+                lines.append(f"  experts    {q['experts_quantized']} of {q['experts_total']} expert weights quantized"
+                             + (f" ({q['experts']})" if q.get("experts") else " (fp32, gathered per row)"))
         if head := info.get("head"):
             lines.append(f"  LM head    {head['tokens']} of {head['of']} tokens ({head['chosen_by']}); the others "
                          "get probability 0 in drafts")
