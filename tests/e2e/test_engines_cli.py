@@ -404,6 +404,33 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     every_strategy_is_ar(load_generator(folder), 32)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
+def test_attention_by_logical_order_is_exact_without_fp64(tmp_path, arch):
+    """`attention: logical` (export/model.py Attention.logical): the int8-activation target's KV and
+    attention stay fp32, each row's keys gathered in logical order and reduced in chunks combined in
+    order; its tree rows equal one-token rows bit for bit over 300 random trees at cached 16-488
+    (chunks of 64: trees cross chunk edges; gemma3: deeper than its 12-key window; qwen3_moe: rows
+    routed to different experts), and every strategy reproduces its `ar`, alone and batched. The
+    same chunks summed by ReduceSum are not exact (measured: lab/exact_attention_cpu.py)."""
+    cfg = load_config(TINY).with_backend("onnxruntime")
+    for entry in (cfg.target, cfg.draft):
+        entry.tiny.arch = arch
+    cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "int4", "int8", "int8"
+    cfg.target.attention = "logical"
+    folder = build_engines(cfg, tmp_path / arch, log=lambda *a, **k: None)
+    info = verify(folder)["models"]["target"]
+    assert info["attention"] == "logical"
+    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp32"}
+    res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
+    assert res.exit_code == 0, res.output
+    assert "attention  by logical order, in chunks of 64 keys" in res.output
+    line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
+    assert " 0 of " in line and line.endswith("bit-identical"), line
+    gen = load_generator(folder)
+    assert gen.target_engine.kv_dtype == torch.float32
+    every_strategy_is_ar(gen, 24)
+
+
 def test_an_int8_activation_target_samples_exactly(int8_folder):
     """Sampled `staged` on the int8-activation folder: the first two tokens are distributed as that
     engine's own one-token forwards give them (chi-square, temperature 1)."""

@@ -50,6 +50,8 @@ def _set(d: dict, path: str, value) -> dict:
     ("target.quant", "int8", ["target.quant", "unknown key", "allowed: model, dtype"]),
     ("target.quantize", "int8", ["target.quantize: int8", "does not quantize targets", "backend onnxruntime"]),
     ("draft.quantize", "int4", ["draft.quantize: int4", "no int4 kernels", "int8"]),
+    ("target.attention", "logical", ["target.attention: logical", "onnxruntime target", "activations: int8"]),
+    ("target.attention", "fp32", ["target.attention", "'fp32'", "fp64", "logical"]),
     ("build.opset", 17, ["build.opset", "17", "greater than or equal to 18"]),
     ("build.opset", MAX_OPSET + 1, ["build.opset", "less than or equal to"]),
     ("build.optimise", True, ["build.optimise", "unknown key", "optimize"]),

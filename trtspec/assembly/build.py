@@ -284,10 +284,10 @@ def _build_role(cfg: Config, out: Path, backend: str, role: str, entry: ModelEnt
                                   "max_seq_len in the config")
             choose_rope_factors(spec, cfg.max_seq_len)   # longrope: short or long factors, fixed per engine
             info["spec"] = spec.to_dict()
-            exact = exact_attention(role, entry) and want_onnx
-            info["io"] = io_spec(spec, "fp64" if exact else entry.dtype, hidden=entry.hidden_rows)
+            exact = exact_attention(role, entry) if want_onnx else ""
+            info["io"] = io_spec(spec, "fp64" if exact == "fp64" else entry.dtype, hidden=entry.hidden_rows)
             if exact:
-                info["attention"] = "fp64"
+                info["attention"] = exact
             if role == "target":        # the loaders' eos ids (GGUF / HF config) + the tokenizer's
                 stop_ids = eos_token_ids(tok, spec)
         elif stage == "weights":        # the torch backend loads the whole model anyway

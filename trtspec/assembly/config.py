@@ -75,9 +75,14 @@ class ModelEntry(Strict):
     quantize: Literal["none", "int8", "int4", "gguf"] = "none"
     # What a quantized ONNX Runtime model's MatMuls do with their activations (MatMulNBits' accuracy
     # level). auto: the target fp32 (level 1), drafts int8 (level 4). A target at int8 (about 1.7x
-    # faster per step here) gets exact attention: fp64 attention and KV, so a tree's rows still give
-    # the logits of one-token forwards (docs/design.md, "Exact attention").
+    # faster per step here) gets exact attention (`attention` below), so a tree's rows give the
+    # logits of one-token forwards (docs/design.md, "Exact attention").
     activations: Literal["auto", "fp32", "int8"] = "auto"
+    # A target's exact attention (onnxruntime, quantized, int8 activations): auto = fp64 (attention
+    # and KV in fp64: measured fastest here for trees); logical = each row's keys in logical order
+    # in fp32 (exact by construction, half the KV memory; as fast for one-token steps, slower for
+    # trees over long contexts: docs/benchmarks.md, "Exact attention without fp64").
+    attention: Literal["auto", "fp64", "logical"] = "auto"
     # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
     # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another
     # token; outputs are unchanged (the target verifies every token). 0: the whole vocabulary.
@@ -190,6 +195,12 @@ class Config(Strict):
         if self.target.head:
             raise ValueError(f"target.head: {self.target.head}: only a draft's LM head may be reduced (the target's "
                              "logits decide every output token); move head to draft, or remove it")
+        for role, entry in (("target", self.target), ("draft", self.draft)):
+            if entry is not None and entry.attention != "auto" and not (
+                    role == "target" and self.backend == "onnxruntime" and entry.quantize != "none"
+                    and entry.activations == "int8"):
+                raise ValueError(f"{role}.attention: {entry.attention} chooses the exact attention of an onnxruntime "
+                                 "target with quantize and activations: int8; remove it, or set those")
         if self.draft is not None and self.draft.hidden_rows:
             raise ValueError("draft.hidden_rows: true: a head reads the target's rows, not the draft's; move "
                              "hidden_rows to target, or remove it")
@@ -314,7 +325,7 @@ class Config(Strict):
         for role in ("target", "draft"):
             if keep.get(role) and (keep[role].get("quantize") == "none" or BACKENDS[self.backend].quantizes_at_load):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
-            for key, default in (("activations", "auto"), ("hidden_rows", False)):   # as folders built before them
+            for key, default in (("activations", "auto"), ("hidden_rows", False), ("attention", "auto")):   # as before them
                 if keep.get(role) and keep[role].get(key) == default:
                     keep[role] = {k: v for k, v in keep[role].items() if k != key}
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]

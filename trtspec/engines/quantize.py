@@ -11,13 +11,13 @@ TensorRT plans are not built (refused in the config: never ran here).
 The kernel's accuracy level follows `activations:` (docs/design.md, "Exact attention"):
 - fp32 (level 1; a target's default): tree rows stay within fp32's ~1e-5 of one-token rows.
 - int8 (level 4; a draft's default, ~1.7x faster per target step): a lone MatMulNBits gives
-  bit-identical rows whatever the row count, but in fp32 attention a tree forward and a one-token
-  forward round differently (~1e-6), and per-block int8 quantization of o_proj's input turns that
-  into logits 0.3-0.7 apart. A target at int8 therefore gets exact attention (`exact_attention`,
-  export/model.py): fp64 attention and KV, whose differences (~1e-16) vanish when its output is
-  rounded to fp32, so tree rows give one-token rows' logits bit for bit (`inspect --compare
-  --trees N` counts them). ORT has no fast int8-weight kernel with fp32 activations (3.6 s per
-  Qwen 1.5B step), so an int8 target needs int8 activations.
+  bit-identical rows whatever the row count, but attention over the rows as they lie rounds a tree
+  forward and a one-token forward differently (~1e-6), and per-block int8 quantization of o_proj's
+  input turns that into logits 0.3-0.7 apart. A target at int8 therefore gets exact attention
+  (`exact_attention`: fp64 attention and KV, or with `attention: logical` each row's keys in logical
+  order in fp32, export/model.py `Attention.logical`), so tree rows give one-token rows' logits bit
+  for bit (`inspect --compare --trees N` counts them). ORT has no fast int8-weight kernel with fp32 activations (3.6 s per Qwen 1.5B step), so an
+  int8 target needs int8 activations.
 - a draft's numbers change acceptance, never the output.
 
 A quantized target *is* the target: every strategy is lossless with respect to that engine's own
@@ -47,11 +47,15 @@ def activations(role: str, entry) -> str:
     return DEFAULT_ACTIVATIONS[role] if entry.activations == "auto" else entry.activations
 
 
-def exact_attention(role: str, entry) -> bool:
-    """A quantized target with int8 activations runs its attention (and KV) in fp64, so that each row's
-    attention output, rounded to fp32, does not depend on the rows sharing its forward; without it,
-    int8 roundings of o_proj's input turn fp32's ~1e-6 differences into logits 0.3-0.7 apart."""
-    return role == "target" and entry.quantize != "none" and activations(role, entry) == "int8"
+def exact_attention(role: str, entry) -> str:
+    """"fp64" or "logical" where a model's attention must be exact, else "": a quantized target with
+    int8 activations, so that each row's attention output does not depend on the rows sharing its
+    forward; without it, int8 roundings of o_proj's input turn fp32's ~1e-6 differences into logits
+    0.3-0.7 apart. fp64 (auto): attention and KV in fp64; logical (`attention: logical`): each row's
+    keys in the order sequential decoding reads them, in fp32 (export/model.py Attention.logical)."""
+    if not (role == "target" and entry.quantize != "none" and activations(role, entry) == "int8"):
+        return ""
+    return "logical" if entry.attention == "logical" else "fp64"
 
 
 def fused_experts(spec, mode: str) -> bool:

@@ -57,7 +57,7 @@ class Ref:
     dtype: int               # TensorProto data type
 
 
-def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool, fused: bool = False) -> Decoder:
+def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, fused: bool = False) -> Decoder:
     from torch._subclasses.fake_tensor import FakeTensorMode
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)                # parameters made in `dtype` (fake ones cannot be cast)
@@ -67,16 +67,18 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool, fused: bool 
     finally:
         torch.set_default_dtype(default)
     model.reset_rotary()                          # real (tiny) buffers, as Decoder.from_state makes them
-    if exact:
+    if exact == "logical":
+        model.logical_attention()
+    elif exact:
         model.exact_attention()
     if fused:
         model.fused_experts()
     return model.eval().requires_grad_(False)
 
 
-def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False, opset: int = 18, hidden: bool = False,
-                 fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
-    """The step graph of `spec` in `dtype` (fp64 attention when `exact`; the hidden rows too with
+def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str = False, opset: int = 18,
+                 hidden: bool = False, fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+    """The step graph of `spec` in `dtype` (exact attention when `exact`: fp64, or "logical"; the hidden rows too with
     `hidden`, export/contract.py; a mixture's experts as one node per layer with `fused`, for a
     quantized build to replace: engines/qmoe.py), weightless: every weight is a placeholder
     initializer named in `refs`; from the graph cache when it holds it."""
@@ -96,7 +98,7 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool = False, opset
     return graph, refs
 
 
-def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int, hidden: bool = False,
+def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int, hidden: bool = False,
                   fused: bool = False) -> Path:
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
     import onnxscript
@@ -111,7 +113,7 @@ def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int, 
     return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
 
 
-def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool, opset: int,
+def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int,
                   hidden: bool = False, fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
@@ -425,7 +427,8 @@ def release_memory(collect: bool = False) -> None:
         pass                                    # not glibc: nothing to trim
 
 
-def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int, fused: bool = False) -> tuple[bytes, dict[str, Ref]]:
+def export_graph_bytes(spec: dict, dtype: str, exact: bool | str, opset: int,
+                       fused: bool = False) -> tuple[bytes, dict[str, Ref]]:
     """export_graph as a worker process returns it (the weightless graph is a few MB): the build
     exports a draft's graph in another process while it writes the target's."""
     from ..export.spec import DTYPES
@@ -433,7 +436,7 @@ def export_graph_bytes(spec: dict, dtype: str, exact: bool, opset: int, fused: b
     return graph.SerializeToString(), refs
 
 
-def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool = False, opset: int = 18,
+def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool | str = False, opset: int = 18,
                 quantize: str = "none", accuracy_level: int = 1, desc: str | None = None,
                 exported: tuple[bytes, dict[str, Ref]] | None = None, head: np.ndarray | None = None,
                 hidden: bool = False) -> dict:

@@ -122,6 +122,26 @@ def _yarn(spec: ModelSpec, rs: dict, d: int) -> torch.Tensor:
     return (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra
 
 
+LOGICAL_CHUNK = 64          # keys per chunk of attention by logical order (Attention.logical)
+
+
+def logical_keys(attn_mask: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's visible keys in logical order, as (idx [B, T, L] columns of the step's keys, valid
+    [B, T, L]): the mask's visible columns in ascending order, which every layout the runtime writes
+    makes the row's path in depth order (see window_mask), packed to the front and padded to L, the
+    mask's width rounded up to whole chunks of `chunk` keys. The k-th key a row reduces over is then
+    the k-th key of its path, wherever its rows lie: a tree node and the same token decoded alone
+    read the same keys at the same places (`Attention.chunk`)."""
+    b, t, w = attn_mask.shape
+    width = (w + chunk - 1) // chunk * chunk
+    rank = attn_mask.to(torch.int64).cumsum(-1) - 1
+    slot = torch.where(attn_mask, rank, width)                 # a hidden column goes to a dump slot
+    cols = torch.arange(w, device=attn_mask.device).expand(b, t, w)
+    idx = torch.zeros(b, t, width + 1, dtype=torch.int64, device=attn_mask.device).scatter(-1, slot, cols)
+    valid = torch.arange(width, device=attn_mask.device) < attn_mask.sum(-1, keepdim=True)
+    return idx[..., :width], valid
+
+
 def window_mask(attn_mask: torch.Tensor, window: int) -> torch.Tensor:
     """`attn_mask` [B, T, C+T] narrowed to each row's last `window` visible keys. A row's visible keys
     are its whole history in logical order (the committed prefix, then its ancestors as they were fed,
@@ -166,6 +186,9 @@ class Attention(nn.Module):
     # row's attention output, rounded to fp32, independent of how many rows a forward carries and
     # where its ancestors sit (docs/design.md, "Exact attention").
     acc: torch.dtype | None = None
+    # Logical order (Decoder.logical_attention): each row reduces over its own keys gathered in
+    # logical order, in chunks of `chunk` keys, combined in a fixed order; in the weights' dtype.
+    chunk = 0
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -199,6 +222,9 @@ class Attention(nn.Module):
         # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
         b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
         q, k, v = self.project(x, cos, sin)
+        if self.chunk:                        # mask_add is logical_keys' (idx, valid) here
+            out = self.logical(q, k, v, *mask_add, past_k, past_v)
+            return self.o_proj(out), k.unbind(2), v.unbind(2)
         out_dtype = x.dtype
         if self.acc is not None:              # exact upcasts: the rows' values are the fp32 ones
             q, k, v = q.to(self.acc), k.to(self.acc), v.to(self.acc)
@@ -221,6 +247,36 @@ class Attention(nn.Module):
         out = past_out + torch.matmul(probs[..., c:], v.permute(0, 2, 1, 3))   # [B, Hkv, G*T, D]
         out = out.view(b, self.kv, g, t, self.d).permute(0, 3, 1, 2, 4).reshape(b, t, self.h * self.d)
         return self.o_proj(out.to(out_dtype)), k.unbind(2), v.unbind(2)
+
+    def logical(self, q, k, v, idx, valid, past_k, past_v):
+        """Attention by logical order: each row's keys gathered as logical_keys lists them ([Hkv, B,
+        T, L / K, K, D]: one product of the row's G query heads per chunk, never one matrix of many
+        rows), each chunk's max, exp-sum and product with V, then the chunks combined in order (max,
+        then running sums weighted by exp(m_c - m)). A chunk's arithmetic depends on its keys only and an
+        empty chunk adds exact zeros, so a row's output is the same bits whatever the step's width,
+        its row count and where its ancestors lie (measured: lab/exact_attention_cpu.py)."""
+        b, t, g, c = q.shape[0], q.shape[1], self.h // self.kv, past_k[0].shape[1]
+        w, width = c + t, idx.shape[-1]
+        flat = (idx + (torch.arange(b, device=idx.device) * w).view(b, 1, 1)).reshape(-1)
+        shape = (self.kv, b, t, width // self.chunk, self.chunk, self.d)
+        ks = torch.stack([torch.cat([pk, k[:, :, i]], 1).reshape(b * w, self.d).index_select(0, flat)
+                          for i, pk in enumerate(past_k)]).view(shape)
+        vs = torch.stack([torch.cat([pv, v[:, :, i]], 1).reshape(b * w, self.d).index_select(0, flat)
+                          for i, pv in enumerate(past_v)]).view(shape)
+        qs = q.view(b, t, self.kv, g, self.d).permute(2, 0, 1, 3, 4).unsqueeze(3)   # [Hkv, B, T, 1, G, D]
+        seen = valid.view(1, b, t, width // self.chunk, 1, self.chunk)
+        scores = torch.where(seen, torch.matmul(qs, ks.transpose(-1, -2)) * self.scale, float("-inf"))
+        top = scores.amax(-1, keepdim=True)                                     # [Hkv, B, T, n, G, 1]
+        e = torch.where(seen, torch.exp(scores - top), 0.0)                    # an empty chunk: zeros
+        part, total = torch.matmul(e, vs), e.sum(-1, keepdim=True)
+        best = top.amax(3, keepdim=True)
+        best = torch.where(best == float("-inf"), 0.0, best)                    # a row that sees nothing
+        weight = torch.exp(top - best)
+        # Summed over the chunks in order: a running sum (CumSum) is sequential by definition, where
+        # ONNX Runtime's ReduceSum regroups by the chunk count (measured: 5 of 568 rows off)
+        total = torch.cumsum(total * weight, 3)[:, :, :, -1]
+        out = torch.cumsum(part * weight, 3)[:, :, :, -1] / torch.where(total > 0, total, 1.0)   # [Hkv, B, T, G, D]
+        return out.permute(1, 2, 0, 3, 4).reshape(b, t, self.h * self.d)
 
 
 class MLP(nn.Module):
@@ -375,6 +431,14 @@ class Decoder(nn.Module):
                 layer.mlp.fused = True
         return self
 
+    def logical_attention(self, chunk: int = LOGICAL_CHUNK) -> "Decoder":
+        """Attention by logical order in the weights' dtype (Attention.logical): with products whose
+        rows do not depend on the row count (MatMulNBits at int8 activations), a tree row gives the
+        logits of the same token decoded alone, bit for bit, without fp64."""
+        for layer in self.model.layers:
+            layer.self_attn.chunk, layer.self_attn.acc = chunk, None
+        return self
+
     def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor], attend=None):
         """The step contract's forward. `attend(layer, q, k, v)` (an engine's, not exported): attention
         done elsewhere, the new rows' KV kept there (engines/logical_engine.py: the pool, in place);
@@ -391,6 +455,9 @@ class Decoder(nn.Module):
                 rope[True] = self.rotary(self.local_inv_freq, position_ids, x.dtype)     # unscaled
             near = window_mask(attn_mask, self.spec.sliding_window)
             masks[True] = torch.where(near, 0.0, -1e30).to(torch.float32)[:, None, None]
+        chunk = self.model.layers[0].self_attn.chunk
+        if chunk:                            # logical order: each row's keys, listed once per mask
+            masks = {False: logical_keys(attn_mask, chunk)} | ({True: logical_keys(near, chunk)} if True in masks else {})
         new_kv: list[torch.Tensor] = []
         n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):

@@ -55,8 +55,10 @@ class _Step(nn.Module):
 
 def _sample_inputs(model: Decoder):
     # Sizes >= 2 and pairwise distinct (B=2, T=3, C=5, R=4), so torch.export neither specialises a
-    # dim to 0/1 nor unifies two dims that merely happen to be equal in the example.
-    b, t, c = 2, 3, 5
+    # dim to 0/1 nor unifies two dims that merely happen to be equal in the example. Attention by
+    # logical order cuts the keys into chunks: 5 of them (C = 4 chunks + 5), not one.
+    chunk = model.model.layers[0].self_attn.chunk
+    b, t, c = 2, 3, 4 * chunk + 5 if chunk else 5
     return (torch.arange(t).repeat(b, 1), torch.arange(c, c + t).repeat(b, 1),
             torch.ones(b, t, c + t, dtype=torch.bool).tril(c), torch.tensor([[0, 1, 2, 2]] * b),
             *model.zero_past(b, c))

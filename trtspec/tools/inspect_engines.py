@@ -24,6 +24,7 @@ from ..assembly.load import load_engine, torch_model
 from ..engines.manifest import is_head, verify
 from ..engines.tensorrt_build import tensorrt_unavailable_reason
 from ..engines.torch_engine import TorchEngine
+from ..export.model import LOGICAL_CHUNK
 from ..runtime.effects import drive
 from ..runtime.runner import ModelRunner
 from ..runtime.tree import TokenTree
@@ -71,6 +72,10 @@ def describe(folder: Path) -> list[str]:
         if info.get("attention") == "fp64":
             lines.append("  attention  fp64, KV cache fp64 (exact attention: a tree row's logits are the one-token "
                          "forward's; check: inspect --compare --trees N)")
+        elif info.get("attention") == "logical":
+            lines.append(f"  attention  by logical order, in chunks of {LOGICAL_CHUNK} keys, KV cache in the model's dtype "
+                         "(exact attention: a tree row's logits are the one-token forward's; check: inspect --compare "
+                         "--trees N)")
     from ..runtime.costs import load
     costs = load(folder)
     lines += costs.describe() if costs else [f"step costs: none stored (measured at the first budget: auto request; "
