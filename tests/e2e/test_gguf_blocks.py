@@ -145,15 +145,17 @@ def tiny_gguf(request, tmp_path_factory):
     return make_tiny_gguf(tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf", request.param, MIXED)
 
 
-def make_tiny_gguf(path, arch: str, plan: dict):
+def make_tiny_gguf(path, arch: str, plan: dict, tie: bool = False):
     import torch
     from test_gguf import gguf_name, llama_cpp_permute, tiny_hf, write_gguf
 
     cfg, model = tiny_hf(arch, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                         num_key_value_heads=2, tie_word_embeddings=False)
+                         num_key_value_heads=2, tie_word_embeddings=tie)
     rng = np.random.default_rng(0)
     tensors, raw = {}, {}
     for k, v in model.state_dict().items():
+        if tie and k == "lm_head.weight":              # tied: the file has no output.weight
+            continue
         name, a = gguf_name(k), v.numpy()
         kind = name.split(".")[-2]
         qtype = Q.Q6_K if name == "output.weight" else plan.get(kind) if name.endswith(".weight") else None
@@ -362,4 +364,29 @@ def test_a_mixture_s_quantized_experts_are_gathered_from_their_blocks(tmp_path):
     experts = [g for g in res if "_exps" in g]
     assert len(experts) == 2 * 3 and all(res.values()), res
     model = load_decoder(path)
+    graph_steps_like_torch(model, tmp_path / "q.onnx")
+
+
+@pytest.mark.parametrize("embd", [Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
+def test_a_tied_lm_head_runs_from_the_embedding_s_blocks(embd, tmp_path):
+    """A GGUF whose LM head is its embedding (no output.weight, as Qwen2.5-1.5B's and SmolLM2's):
+    `quantize: gguf` runs the head from the embedding's own blocks, the blocks the embedding is
+    gathered from (no dense fp32 table left in the graph); the probe finds the head equal to the
+    file's embedding bit for bit, and the logits are the dequantized model's."""
+    import torch
+
+    from trtspec.engines.stream import build_graph
+    from trtspec.engines.weights import open_weights
+    from trtspec.export.checkpoint import load_decoder
+
+    path = make_tiny_gguf(tmp_path / "t.gguf", "qwen2", {**Q4_K_M, "token_embd": embd}, tie=True)
+    model = load_decoder(path)
+    assert model.spec.tie_word_embeddings
+    rec = build_graph(open_weights(path), tmp_path / "q.onnx", torch.float32, quantize="gguf", accuracy_level=1)
+    assert rec["matmuls_quantized"] == rec["matmuls_total"] == 2 * 7 + 1 and rec["embedding"] == embd.name
+    table = [model.spec.vocab_size, model.spec.hidden_size]
+    inits = onnx.load(str(tmp_path / "q.onnx")).graph.initializer
+    assert not [i.name for i in inits if i.data_type == TensorProto.FLOAT and sorted(i.dims) == sorted(table)]
+    res = gguf_blocks.probe(tmp_path / "q.onnx", path)
+    assert all(res.values()) and sum(g.startswith("gguf/token_embd.weight/") for g in res) == 2, res  # gather, head
     graph_steps_like_torch(model, tmp_path / "q.onnx")

@@ -88,7 +88,8 @@ def record(mode: str, acts: str, counts: dict) -> dict:
             "weights": "the GGUF's block codes, scales and mins: 4-bit terms per nibble of the codes (8-bit "
                        "terms for wider codes at int8 activations), the mins as block sums times offsets, "
                        "weights of one input with one block type joined into one product, the embedding "
-                       "gathered from its blocks; the engine's weights equal gguf.quants.dequantize bit for bit",
+                       "gathered from its blocks (and a tied LM head run from them); the engine's weights "
+                       "equal gguf.quants.dequantize bit for bit",
             "quantizer": f"trtspec.engines.gguf_blocks (onnxruntime {onnxruntime.__version__})", **counts}
 
 

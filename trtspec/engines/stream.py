@@ -372,10 +372,12 @@ def _groups(matmuls: list, refs: dict[str, Ref], weights, quantize: str) -> list
 
 def _replace(group: list, refs: dict[str, Ref], weights, quantize: str, level: int):
     """(nodes, initializers, kind) computing the group's MatMuls from a quantized form of their
-    weights, or None to keep them. A LM head tied to the embedding stays dense, as it did when the
-    graph read it through a Transpose of the embedding (the embedding's Gather reads the same weight)."""
+    weights, or None to keep them. A LM head tied to the embedding runs from the source's blocks of
+    the embedding where it stores them (`quantize: gguf`: the weights the embedding is gathered from,
+    bit for bit, instead of a dense fp32 copy of the whole table read every step); with int4 / int8
+    it stays dense, as the embedding's Gather reads it."""
     node, keys = group[0], [refs[n.input[1]].key for n in group]
-    if keys[0] == "model.embed_tokens.weight":
+    if keys[0] == "model.embed_tokens.weight" and quantize != "gguf":
         return None
     x, ys = node.input[0], [n.output[0] for n in group]
     if quantize == "gguf":
