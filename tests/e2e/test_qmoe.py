@@ -100,3 +100,12 @@ def test_every_row_is_the_same_row_alone():
         same = np.array_equal(alone.view(np.uint32), y.view(np.uint32))
         assert same == exact, (rows_per_call, [i for i in range(16) if not np.array_equal(alone[i], y[i])])
         assert np.array_equal(sess.run(None, feed)[0], y)           # and the same again
+
+
+def test_widths_not_in_whole_blocks_are_refused_in_one_line():
+    from trtspec.engines.manifest import EngineError
+    s = spec(True)
+    s.hidden_size = s.head_dim = 72                      # QMoE takes whole blocks of 32 along K
+    node = helper.make_node("Experts", ["x", "logits"], ["y"], domain="trtspec", layer=0)
+    with pytest.raises(EngineError, match=r"hidden size \(72\).*whole blocks of 32; build this model with"):
+        experts_nodes(node, None, s, 4)

@@ -22,6 +22,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from ..export.experts_op import DOMAIN, OP
+from .manifest import EngineError
 from .quantize import BLOCK_SIZE, quantize_matmul
 
 
@@ -37,6 +38,9 @@ def experts_nodes(node, weights, spec, accuracy_level: int):
     layer = next(a.i for a in node.attribute if a.name == "layer")
     key = f"model.layers.{layer}.mlp.experts."
     e, i, h = spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
+    if h % BLOCK_SIZE or i % BLOCK_SIZE:
+        raise EngineError(f"ONNX Runtime's QMoE needs the hidden size ({h}) and the experts' width ({i}) in whole "
+                         f"blocks of {BLOCK_SIZE}; build this model with quantize: none or gguf")
     p = f"experts/{layer}/"
     gate, up = weights.get(key + "gate_proj", torch.float32), weights.get(key + "up_proj", torch.float32)
     fc1 = torch.stack([gate, up], 2).reshape(e * 2 * i, h).numpy()       # rows gate 0, up 0, gate 1, up 1, ...
