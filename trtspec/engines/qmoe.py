@@ -9,11 +9,13 @@ else weighted by the softmax over all experts, given as its router weights) and 
 experts' SwiGLU on 4-bit blocks (ONNX Runtime's MatMulNBitsQuantizer, the same blocks as every other
 product of the build: 32 weights per scale and zero point along K; gate and up interleaved row by row
 as fc1, down as fc2). Its 8-bit form does not read MatMulNBits' 8-bit blocks as they dequantize
-(measured: outputs ~1e-2 off the module on those weights), so `quantize: int8` keeps experts fp32. QMoE groups a call's rows by expert, and a row's
-result then depends on which other rows share the call (measured: 4 of 16 random rows differ from
-the same row alone, one thread or two); one row per call makes each row's arithmetic the same as
-the same token's alone, so a tree row is exact by construction, at the kernel's speed (a
-Qwen3-30B-A3B layer: 0.7 ms a row against 15 ms for the fp32 gather form; docs/benchmarks.md).
+(measured: outputs ~1e-2 off the module on those weights), so `quantize: int8` keeps experts fp32.
+
+QMoE groups a call's rows by expert, and a row's result then depends on which other rows share the
+call (measured: 4 of 16 random rows differ from the same row alone, one thread or two); one row per
+call makes each row's arithmetic the same as the same token's alone, so a tree row is exact by
+construction, at the kernel's speed (a Qwen3-30B-A3B-shaped layer: 1.5 ms a row against 16.9 ms for
+the fp32 gather form; lab/moe_tree_cost.py, docs/benchmarks.md "Quantized experts").
 """
 from __future__ import annotations
 
@@ -26,11 +28,11 @@ from .manifest import EngineError
 from .quantize import BLOCK_SIZE, quantize_matmul
 
 
+BITS = 4
+
+
 def is_experts(node) -> bool:
     return node.domain == DOMAIN and node.op_type == OP
-
-
-BITS = 4
 
 
 def experts_nodes(node, weights, spec, accuracy_level: int):
@@ -40,7 +42,7 @@ def experts_nodes(node, weights, spec, accuracy_level: int):
     e, i, h = spec.num_experts, spec.moe_intermediate_size, spec.hidden_size
     if h % BLOCK_SIZE or i % BLOCK_SIZE:
         raise EngineError(f"ONNX Runtime's QMoE needs the hidden size ({h}) and the experts' width ({i}) in whole "
-                         f"blocks of {BLOCK_SIZE}; build this model with quantize: none or gguf")
+                          f"blocks of {BLOCK_SIZE}; build this model with quantize: none or gguf")
     p = f"experts/{layer}/"
     gate, up = weights.get(key + "gate_proj", torch.float32), weights.get(key + "up_proj", torch.float32)
     fc1 = torch.stack([gate, up], 2).reshape(e * 2 * i, h).numpy()       # rows gate 0, up 0, gate 1, up 1, ...
