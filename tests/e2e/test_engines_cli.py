@@ -378,6 +378,12 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     folder = build_engines(cfg, tmp_path / arch, log=lambda *a, **k: None)
     info = verify(folder)["models"]["target"]
     assert info["spec"]["arch"] == arch and info["attention"] == "fp64"
+    import onnx                     # a quantized graph runs rotary and RMSNorm as ONNX Runtime's own nodes
+    ops = [n.op_type for n in onnx.load(str(next((folder / "target").glob("*.ort.onnx"))),
+                                        load_external_data=False).graph.node]
+    layers = info["spec"]["num_layers"]
+    assert ops.count("RotaryEmbedding") == 2 * layers and "Neg" not in ops, ops
+    assert ops.count("SimplifiedLayerNormalization") >= 2 * layers + 1 and "Reciprocal" not in ops, ops
     if arch == "gemma3":
         assert info["spec"]["sliding_window"] == 12
     elif arch == "qwen3_moe":  # the rows of a 16-token forward pick different experts
@@ -390,7 +396,6 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
         moe = sum(target.spec.has_experts(i) for i in range(target.spec.num_layers))    # int4 experts on QMoE
         assert moe and info["quantize"]["experts_quantized"] == info["quantize"]["experts_total"] == 3 * moe
         assert info["quantize"]["experts"].startswith("int4: com.microsoft.QMoE"), info["quantize"]
-        import onnx
         graph = onnx.load(str(next((folder / "target").glob("model.*-int4*.onnx"))), load_external_data=False)
         assert sum(n.op_type == "Scan" for n in graph.graph.node) == moe       # one row per QMoE call
     res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])

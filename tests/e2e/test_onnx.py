@@ -296,3 +296,46 @@ def test_an_experts_row_is_the_same_alone_and_among_others(tmp_path):
         assert float(abs(full - moe(x)[0].numpy()).max()) <= 1e-5 * float(abs(full).max())
     for t in (1, 2, 3, 8):
         assert (sess.run(None, {"x": x[:, :t].numpy()})[0][0] == full[:t]).all(), t
+
+
+# --- rotary as one ONNX Runtime node (export/rotary_op.py) ---------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma3", "qwen3"])
+def test_fused_rotary_is_the_plain_formula(arch):
+    """Decoder.fused_rotary() computes the same logits and KV bits in torch as the plain form: full and
+    partial rotary (phi3), a windowed layer's own base (gemma3), q/k norms first (qwen3)."""
+    model = tiny_model(arch)
+    gen = torch.Generator().manual_seed(2)
+    (ids, pos, mask, rows), _ = tree(gen, 5, [], 6)
+    past = [torch.randn(1, 5, model.spec.head_dim, generator=gen) for _ in model.zero_past(1, 5)]
+    args = ids[None], pos[None], mask[None], rows[None], past
+    plain = model(*args)
+    fused = model.fused_rotary()(*args)
+    assert torch.equal(plain[0], fused[0]) and all(torch.equal(a, b) for a, b in zip(plain[1], fused[1]))
+
+
+@pytest.mark.parametrize("dim", [16, 12])
+def test_fused_rotary_runs_as_ort_rotary_embedding(dim, tmp_path):
+    """The op's translation is com.microsoft.RotaryEmbedding over the step's own (cos, sin) rows, and
+    ONNX Runtime computes the torch form to fp32 rounding, the features past `dim` passed through."""
+    import onnxruntime as ort
+
+    from trtspec.export.rotary_op import TRANSLATION, rotary
+
+    class Rot(torch.nn.Module):
+        def forward(self, x, cos, sin, rows):
+            return rotary(x, cos, sin, rows, 3, dim)
+
+    b, t, gen = 2, 5, torch.Generator().manual_seed(3)
+    x = torch.randn(b, t, 3 * 16, generator=gen)
+    freqs = torch.rand(b * t, dim // 2, generator=gen) * 50
+    args = x, freqs.cos(), freqs.sin(), torch.arange(b * t).view(b, t)
+    path = tmp_path / "rot.onnx"
+    torch.onnx.export(Rot().eval(), args, str(path), dynamo=True, custom_translation_table=TRANSLATION,
+                      input_names=["x", "cos", "sin", "rows"], output_names=["y"])
+    assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["RotaryEmbedding"]
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, dict(zip(["x", "cos", "sin", "rows"], (a.numpy() for a in args))))[0]
+    want = rotary(*args, 3, dim)
+    assert float((torch.from_numpy(got) - want).abs().max()) <= 1e-6 * float(want.abs().max())
+    assert torch.equal(torch.from_numpy(got)[..., dim:16], x[..., dim:16])      # head 0's unrotated features

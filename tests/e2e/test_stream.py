@@ -82,7 +82,7 @@ def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeyp
     monkeypatch.setenv("TRTSPEC_CACHE", str(tmp_path))
     calls = []
 
-    def fake_export(spec, dtype, exact, opset, hidden=False, fused=False):
+    def fake_export(spec, dtype, exact, opset, hidden=False, fused=()):
         calls.append((spec.num_layers, dtype, exact, fused, hidden))
         x = helper.make_tensor_value_info("x", 1, [1])
         return helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x],
@@ -96,11 +96,13 @@ def test_the_graph_cache_exports_once_and_survives_a_bad_entry(tmp_path, monkeyp
     export_graph(tiny_spec(arch="llama", num_layers=3), torch.float32)
     export_graph(spec, torch.float32, hidden=True)                # the hidden rows: another entry
     assert len(calls) == 4 and calls[-1][-1] is True
-    export_graph(spec, torch.float32, fused=True)                 # fused experts: another entry
-    assert len(calls) == 5 and calls[-1][-2] is True
+    export_graph(spec, torch.float32, fused=("experts",))         # fused experts: another entry
+    assert len(calls) == 5 and calls[-1][-2] == ("experts",)
+    export_graph(spec, torch.float32, fused=("rotary",))          # fused rotary: another entry
+    assert len(calls) == 6 and calls[-1][-2] == ("rotary",)
     for e in (tmp_path / "graphs").glob("*.onnx"):
         e.write_bytes(b"not a graph")
-    assert export_graph(spec, torch.float32) == first and len(calls) == 6
+    assert export_graph(spec, torch.float32) == first and len(calls) == 7
     assert not list((tmp_path / "graphs").glob("*.tmp"))        # nothing half-written left
 
 

@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from ..engines.manifest import EngineError, verify, write_manifest
-from ..engines.quantize import activations, exact_attention, fused_experts
+from ..engines.quantize import activations, exact_attention, fused_ops
 from ..engines.stream import release_memory
 from ..errors import Terminated
 from ..export.contract import io_spec
@@ -238,7 +238,7 @@ def _ahead(cfg: Config, roles, want_onnx: bool, log):
             for dt in cfg.build.onnx_dtypes:
                 spec = open_source(entry, role).spec
                 jobs[(role, dt)] = ExportJob(spec.to_dict(), dt, exact_attention(role, entry), cfg.build.opset,
-                                             fused_experts(spec, entry.quantize))
+                                             fused_ops(spec, entry.quantize))
         yield {key: _Answer(job, key, log) for key, job in jobs.items()}
     finally:
         for job in jobs.values():

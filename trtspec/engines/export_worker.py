@@ -21,12 +21,12 @@ from pathlib import Path
 class ExportJob:
     """export_graph_bytes(spec, dtype, exact, opset, fused), running in another process from construction."""
 
-    def __init__(self, spec: dict, dtype: str, exact: bool | str, opset: int, fused: bool = False):
+    def __init__(self, spec: dict, dtype: str, exact: bool | str, opset: int, fused: tuple[str, ...] = ()):
         root = str(Path(__file__).resolve().parents[2])          # this trtspec, installed or not
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(spec), dtype, json.dumps(exact),
-                                      str(opset), str(int(fused))], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      str(opset), ",".join(fused)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=self.log, env=env)
 
     def get(self):
@@ -57,7 +57,8 @@ def _main(argv: list[str]) -> None:
     answer = os.fdopen(os.dup(1), "wb")      # the pickle's own pipe; anything printed goes to stderr
     os.dup2(2, 1)
     from .stream import export_graph_bytes
-    result = export_graph_bytes(json.loads(argv[1]), argv[2], json.loads(argv[3]), int(argv[4]), argv[5] == "1")
+    result = export_graph_bytes(json.loads(argv[1]), argv[2], json.loads(argv[3]), int(argv[4]),
+                                tuple(n for n in argv[5].split(",") if n))
     answer.write(pickle.dumps(result))
     answer.close()
 

@@ -64,6 +64,13 @@ def fused_experts(spec, mode: str) -> bool:
     return mode == "int4" and bool(spec.num_experts)
 
 
+def fused_ops(spec, mode: str) -> tuple[str, ...]:
+    """What a build's graph exports as one node each: rotary as com.microsoft.RotaryEmbedding in every
+    quantized build (only ONNX Runtime runs those: export/rotary_op.py), and the experts where
+    fused_experts."""
+    return ("rotary",) * (mode != "none") + ("experts",) * fused_experts(spec, mode)
+
+
 def scheme(mode: str, acts: str) -> dict:
     """What the manifest records about a quantized model."""
     import onnxruntime

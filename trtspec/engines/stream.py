@@ -42,7 +42,7 @@ from ..export.packs import cache_dir, write_atomic
 from ..export.model import Decoder
 from ..export.spec import ModelSpec
 from .qmoe import experts_nodes, is_experts
-from .quantize import fused_experts
+from .quantize import fused_experts, fused_ops
 
 log = logging.getLogger(__name__)
 INLINE_BYTES = 1024          # smaller tensors stay inside the graph file (as onnx.save's threshold)
@@ -57,7 +57,7 @@ class Ref:
     dtype: int               # TensorProto data type
 
 
-def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, fused: bool = False) -> Decoder:
+def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, fused: tuple[str, ...] = ()) -> Decoder:
     from torch._subclasses.fake_tensor import FakeTensorMode
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)                # parameters made in `dtype` (fake ones cannot be cast)
@@ -71,17 +71,20 @@ def _fake_decoder(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, fused:
         model.logical_attention()
     elif exact:
         model.exact_attention()
-    if fused:
+    if "experts" in fused:
         model.fused_experts()
+    if "rotary" in fused:
+        model.fused_rotary()
     return model.eval().requires_grad_(False)
 
 
 def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str = False, opset: int = 18,
-                 hidden: bool = False, fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+                 hidden: bool = False, fused: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     """The step graph of `spec` in `dtype` (exact attention when `exact`: fp64, or "logical"; the hidden rows too with
-    `hidden`, export/contract.py; a mixture's experts as one node per layer with `fused`, for a
-    quantized build to replace: engines/qmoe.py), weightless: every weight is a placeholder
-    initializer named in `refs`; from the graph cache when it holds it."""
+    `hidden`, export/contract.py; with `fused` (quantize.fused_ops), rotary as one ONNX Runtime node per
+    tensor, and a mixture's experts as one node per layer for the build to replace: engines/qmoe.py),
+    weightless: every weight is a placeholder initializer named in `refs`; from the graph cache when it
+    holds it."""
     path = _cached_graph(spec, dtype, exact, opset, hidden, fused)
     try:
         refs = {k: Ref(r[0], r[1], tuple(r[2]), r[3]) for k, r in json.loads(path.with_suffix(".json").read_text()).items()}
@@ -99,28 +102,28 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str = False,
 
 
 def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int, hidden: bool = False,
-                  fused: bool = False) -> Path:
+                  fused: tuple[str, ...] = ()) -> Path:
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
     import onnxscript
 
-    from ..export import contract, experts_op, model, onnx_export
+    from ..export import contract, experts_op, model, onnx_export, rotary_op
     h = hashlib.sha256(json.dumps([spec.to_dict(), str(dtype), exact, opset, torch.__version__,
                                    onnxscript.__version__, onnx.__version__] + ([True] if hidden else []) +
-                                  (["fused"] if fused else []),
+                                  list(fused),
                                   sort_keys=True, default=str).encode())
-    for module in (contract, experts_op, model, onnx_export, sys.modules[__name__]):
+    for module in (contract, experts_op, model, onnx_export, rotary_op, sys.modules[__name__]):
         h.update(Path(module.__file__).read_bytes())
     return cache_dir() / "graphs" / f"{h.hexdigest()[:24]}.onnx"
 
 
 def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int,
-                  hidden: bool = False, fused: bool = False) -> tuple[onnx.ModelProto, dict[str, Ref]]:
+                  hidden: bool = False, fused: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, Ref]]:
     import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
 
     from ..export.onnx_export import _quiet_exporter, _sample_inputs, _Step, fix_interface
 
-    from ..export.experts_op import TRANSLATION
+    from ..export import experts_op, rotary_op
     model = _fake_decoder(spec, dtype, exact, fused)
     model.hidden_rows = hidden
     step, args = _Step(model), _sample_inputs(model)
@@ -133,7 +136,7 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset:
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(step, args, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
                                     input_names=inputs, output_names=outputs, verbose=False, optimize=False,
-                                    custom_translation_table=TRANSLATION if fused else None)
+                                    custom_translation_table={**experts_op.TRANSLATION, **rotary_op.TRANSLATION})
         weights = {}
         for name, v in program.model.graph.initializers.items():
             if isinstance(getattr(v.const_value, "raw", None), FakeTensor):
@@ -143,7 +146,7 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset:
         import onnx_ir as ir
         proto = ir.serde.serialize_model(program.model)   # value-less initializers are left out
     del program
-    return fix_interface(proto, spec, model.kv_dtype, hidden), _placeholders(proto, weights, spec)
+    return fix_interface(proto, spec, model.kv_dtype, hidden, ort_only="rotary" in fused), _placeholders(proto, weights, spec)
 
 
 def _key(name: str, spec: ModelSpec) -> str:
@@ -430,7 +433,7 @@ def release_memory(collect: bool = False) -> None:
 
 
 def export_graph_bytes(spec: dict, dtype: str, exact: bool | str, opset: int,
-                       fused: bool = False) -> tuple[bytes, dict[str, Ref]]:
+                       fused: tuple[str, ...] = ()) -> tuple[bytes, dict[str, Ref]]:
     """export_graph as a worker process returns it (the weightless graph is a few MB): the build
     exports a draft's graph in another process while it writes the target's."""
     from ..export.spec import DTYPES
@@ -447,7 +450,7 @@ def build_graph(weights, path: Path, dtype: torch.dtype, exact: bool | str = Fal
     export_graph_bytes' answer for it."""
     from tqdm import tqdm
     if exported is None:
-        graph, refs = export_graph(weights.spec, dtype, exact, opset, hidden, fused_experts(weights.spec, quantize))
+        graph, refs = export_graph(weights.spec, dtype, exact, opset, hidden, fused_ops(weights.spec, quantize))
     else:
         graph, refs = onnx.ModelProto.FromString(exported[0]), exported[1]
     with tqdm(total=len(refs) + (head is not None), desc=desc, unit="tensor", leave=False, disable=desc is None) as bar:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .rotary_op import rotary
 from .spec import ModelSpec, SpecError
 
 
@@ -163,7 +164,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32 statistics, as the reference implementations do, so bf16 weights stay accurate.
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        x32 = x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.fp32_scale:              # Gemma: (1 + w), applied in fp32 before the cast
             return (x32 * ((1.0 + self.weight.float()) if self.offset else self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
@@ -189,6 +190,8 @@ class Attention(nn.Module):
     # Logical order (Decoder.logical_attention): each row reduces over its own keys gathered in
     # logical order, in chunks of `chunk` keys, combined in a fixed order; in the weights' dtype.
     chunk = 0
+    # Rotary as one ONNX Runtime node per tensor (Decoder.fused_rotary, export/rotary_op.py)
+    fused_rope = False
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -204,24 +207,32 @@ class Attention(nn.Module):
         if spec.family.qk_norm:                    # Qwen3: each head of q and of k normed before rotary
             self.q_norm, self.k_norm = norm(spec, d), norm(spec, d)
 
-    def project(self, x, cos, sin):
-        """q [B, T, H, D], k and v [B, T, Hkv, D] of the rows `x`, rotary applied to q and k."""
+    def project(self, x, rope):
+        """q [B, T, H, D], k and v [B, T, Hkv, D] of the rows `x`, rotary applied to q and k; `rope`:
+        Decoder.rotary's (cos, sin), or with fused_rope (cos, sin, rows) as rotary_op takes them."""
         b, t = x.shape[0], x.shape[1]
         q = self.q_proj(x).view(b, t, self.h, self.d)
         k = self.k_proj(x).view(b, t, self.kv, self.d)
         v = self.v_proj(x).view(b, t, self.kv, self.d)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.fused_rope:
+            cos, sin, rows = rope
+            r = 2 * cos.shape[-1]
+            q = rotary(q.reshape(b, t, self.h * self.d), cos, sin, rows, self.h, r).view(b, t, self.h, self.d)
+            k = rotary(k.reshape(b, t, self.kv * self.d), cos, sin, rows, self.kv, r).view(b, t, self.kv, self.d)
+            return q, k, v
+        cos, sin = rope
         r = cos.shape[-1]
         if r < self.d:                             # partial rotary (Phi-4-mini): the rest passes as it is
             return (torch.cat([q[..., :r] * cos + rotate_half(q[..., :r]) * sin, q[..., r:]], -1),
                     torch.cat([k[..., :r] * cos + rotate_half(k[..., :r]) * sin, k[..., r:]], -1), v)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin, v
 
-    def forward(self, x, cos, sin, mask_add, past_k, past_v):
+    def forward(self, x, rope, mask_add, past_k, past_v):
         # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
         b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
-        q, k, v = self.project(x, cos, sin)
+        q, k, v = self.project(x, rope)
         if self.chunk:                        # mask_add is logical_keys' (idx, valid) here
             out = self.logical(q, k, v, *mask_add, past_k, past_v)
             return self.o_proj(out), k.unbind(2), v.unbind(2)
@@ -399,13 +410,19 @@ class Decoder(nn.Module):
         return self
 
     def rotary(self, inv_freq, position_ids, dtype, scale: float = 1.0):
-        """(cos, sin) [B, T, 1, R] of the positions, times `scale` (yarn's attention factor), in `dtype`."""
+        """(cos, sin) [B, T, 1, R] of the positions, times `scale` (yarn's attention factor), in `dtype`;
+        with fused_rotary, (cos, sin, rows): the halves [B·T, R/2] and rows [B, T] indexing them."""
         freqs = position_ids.float().unsqueeze(-1) * inv_freq         # [B, T, R/2], fp32 like HF (R: rope_dim)
-        emb = torch.cat([freqs, freqs], -1).unsqueeze(2)              # [B, T, 1, R]
-        cos, sin = emb.cos(), emb.sin()
+        if self.model.layers[0].self_attn.fused_rope:
+            b, t = position_ids.shape
+            cos, sin = freqs.reshape(b * t, -1).cos(), freqs.reshape(b * t, -1).sin()
+            rows = torch.arange(b * t, device=position_ids.device).view(b, t)
+        else:
+            emb = torch.cat([freqs, freqs], -1).unsqueeze(2)          # [B, T, 1, R]
+            cos, sin, rows = emb.cos(), emb.sin(), None
         if scale != 1.0:
             cos, sin = cos * scale, sin * scale
-        return cos.to(dtype), sin.to(dtype)
+        return (cos.to(dtype), sin.to(dtype)) + (() if rows is None else (rows,))
 
     @property
     def kv_dtype(self) -> torch.dtype:
@@ -429,6 +446,13 @@ class Decoder(nn.Module):
         for layer in self.model.layers:
             if isinstance(layer.mlp, MoE):
                 layer.mlp.fused = True
+        return self
+
+    def fused_rotary(self) -> "Decoder":
+        """Rotary as one node per tensor, com.microsoft.RotaryEmbedding (export/rotary_op.py): for
+        graphs only ONNX Runtime runs (a quantized build's); the plain form otherwise."""
+        for layer in self.model.layers:
+            layer.self_attn.fused_rope = True
         return self
 
     def logical_attention(self, chunk: int = LOGICAL_CHUNK) -> "Decoder":
@@ -462,13 +486,13 @@ class Decoder(nn.Module):
         n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):
             y = layer.input_layernorm(x)
-            cos, sin = rope.get(layer.windowed, rope[False])
+            pair = rope.get(layer.windowed, rope[False])
             if attend is not None:
                 attn = layer.self_attn
-                h = attn.o_proj(attend(i, *attn.project(y, cos, sin)))
+                h = attn.o_proj(attend(i, *attn.project(y, pair)))
             else:
                 ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
-                h, k, v = layer.self_attn(y, cos, sin, masks[layer.windowed], ks, vs)
+                h, k, v = layer.self_attn(y, pair, masks[layer.windowed], ks, vs)
                 new_kv += [*k, *v]
             x = layer.feed_forward(x, h)
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]

@@ -115,9 +115,11 @@ def _fix_interface(path: Path, model: Decoder) -> None:
     onnx.save_model(fix_interface(proto, model.spec, model.kv_dtype, model.hidden_rows), str(path))
 
 
-def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool = False) -> onnx.ModelProto:
+def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool = False,
+                  ort_only: bool = False) -> onnx.ModelProto:
     """Stamp the contract's names/dims on the graph I/O (exporters name total_len 's93' etc.) and
-    reject non-standard domains. `hidden`: the graph also returns the hidden rows."""
+    reject non-standard domains (but ONNX Runtime's own where `ort_only`). `hidden`: the graph also
+    returns the hidden rows."""
     kv = _TORCH_TO_ONNX[kv_dtype]
     i64, b = onnx.TensorProto.INT64, onnx.TensorProto.BOOL
     want = {"input_ids": (i64, ["batch", "new_tokens"]), "position_ids": (i64, ["batch", "new_tokens"]),
@@ -138,8 +140,11 @@ def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool
         v.CopyFrom(onnx.helper.make_tensor_value_info(v.name, elem, dims))
     if proto.functions:  # TensorRT's parser does not take local functions
         proto = onnx.inliner.inline_local_functions(proto)
-    odd = sorted({n.domain for n in proto.graph.node if n.domain not in STANDARD_DOMAINS} - {"trtspec"})
-    if odd:     # (a fused experts node, export/experts_op.py, is replaced by the build before any engine reads it)
+    # (a fused experts node, export/experts_op.py, is replaced by the build before any engine reads it;
+    # `ort_only`: a graph for ONNX Runtime alone, with its contrib ops: export/rotary_op.py)
+    odd = sorted({n.domain for n in proto.graph.node if n.domain not in STANDARD_DOMAINS} - {"trtspec"}
+                 - ({"com.microsoft"} if ort_only else set()))
+    if odd:
         raise RuntimeError(f"exported graph uses non-standard op domains {odd}; TensorRT cannot parse them")
     return proto
 
