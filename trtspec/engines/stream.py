@@ -146,7 +146,8 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset:
         import onnx_ir as ir
         proto = ir.serde.serialize_model(program.model)   # value-less initializers are left out
     del program
-    return fix_interface(proto, spec, model.kv_dtype, hidden, ort_only="rotary" in fused), _placeholders(proto, weights, spec)
+    return (fix_interface(proto, spec, model.kv_dtype, hidden, ort_only="rotary" in fused),
+            _placeholders(proto, weights, spec))
 
 
 def _key(name: str, spec: ModelSpec) -> str:

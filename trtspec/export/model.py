@@ -143,6 +143,19 @@ def logical_keys(attn_mask: torch.Tensor, chunk: int) -> tuple[torch.Tensor, tor
     return idx[..., :width], valid
 
 
+def in_place_chunks(idx: torch.Tensor, valid: torch.Tensor, chunk: int, past: int) -> int:
+    """How many leading whole chunks of logical_keys' lists every row reads from the past as it lies
+    (its k-th key is past column k: the committed prefix, written in order), so that Attention.logical
+    reads them in place, once for all rows. Data-dependent: once per step and mask, not per layer."""
+    col = torch.arange(idx.shape[-1], device=idx.device)
+    lead = torch.where((idx == col) & valid, idx.shape[-1], col).amin(-1)   # each row's first key elsewhere
+    chunks = (lead.min().clamp(max=past) // chunk).item()
+    torch._check_is_size(chunks)
+    torch._check(chunks * chunk <= past)
+    torch._check(chunks * chunk <= idx.shape[-1])
+    return chunks
+
+
 def window_mask(attn_mask: torch.Tensor, window: int) -> torch.Tensor:
     """`attn_mask` [B, T, C+T] narrowed to each row's last `window` visible keys. A row's visible keys
     are its whole history in logical order (the committed prefix, then its ancestors as they were fed,
@@ -233,7 +246,7 @@ class Attention(nn.Module):
         # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
         b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
         q, k, v = self.project(x, rope)
-        if self.chunk:                        # mask_add is logical_keys' (idx, valid) here
+        if self.chunk:                        # mask_add is (idx, valid) of logical_keys and in_place_chunks here
             out = self.logical(q, k, v, *mask_add, past_k, past_v)
             return self.o_proj(out), k.unbind(2), v.unbind(2)
         out_dtype = x.dtype
@@ -259,35 +272,53 @@ class Attention(nn.Module):
         out = out.view(b, self.kv, g, t, self.d).permute(0, 3, 1, 2, 4).reshape(b, t, self.h * self.d)
         return self.o_proj(out.to(out_dtype)), k.unbind(2), v.unbind(2)
 
-    def logical(self, q, k, v, idx, valid, past_k, past_v):
-        """Attention by logical order: each row's keys gathered as logical_keys lists them ([Hkv, B,
-        T, L / K, K, D]: one product of the row's G query heads per chunk, never one matrix of many
-        rows), each chunk's max, exp-sum and product with V, then the chunks combined in order (max,
-        then running sums weighted by exp(m_c - m)). A chunk's arithmetic depends on its keys only and an
-        empty chunk adds exact zeros, so a row's output is the same bits whatever the step's width,
-        its row count and where its ancestors lie (measured: lab/exact_attention_cpu.py)."""
-        b, t, g, c = q.shape[0], q.shape[1], self.h // self.kv, past_k[0].shape[1]
-        w, width = c + t, idx.shape[-1]
-        flat = (idx + (torch.arange(b, device=idx.device) * w).view(b, 1, 1)).reshape(-1)
-        shape = (self.kv, b, t, width // self.chunk, self.chunk, self.d)
-        ks = torch.stack([torch.cat([pk, k[:, :, i]], 1).reshape(b * w, self.d).index_select(0, flat)
-                          for i, pk in enumerate(past_k)]).view(shape)
-        vs = torch.stack([torch.cat([pv, v[:, :, i]], 1).reshape(b * w, self.d).index_select(0, flat)
-                          for i, pv in enumerate(past_v)]).view(shape)
-        qs = q.view(b, t, self.kv, g, self.d).permute(2, 0, 1, 3, 4).unsqueeze(3)   # [Hkv, B, T, 1, G, D]
-        seen = valid.view(1, b, t, width // self.chunk, 1, self.chunk)
-        scores = torch.where(seen, torch.matmul(qs, ks.transpose(-1, -2)) * self.scale, float("-inf"))
-        top = scores.amax(-1, keepdim=True)                                     # [Hkv, B, T, n, G, 1]
-        e = torch.where(seen, torch.exp(scores - top), 0.0)                    # an empty chunk: zeros
-        part, total = torch.matmul(e, vs), e.sum(-1, keepdim=True)
-        best = top.amax(3, keepdim=True)
+    def logical(self, q, k, v, idx, valid, chunks, past_k, past_v):
+        """Attention by logical order: each row's keys as logical_keys lists them, in chunks of K keys
+        (one product of the row's G query heads per chunk, never one matrix of many rows), each
+        chunk's max, exp-sum and product with V, then the chunks combined in order (_combine). The
+        leading whole chunks every row reads from the past as it lies (`chunks` of them:
+        in_place_chunks; the committed prefix) are read there, shared by all rows; only the rest is
+        gathered per row (for a tree: under one chunk of the past, then its path). A chunk's
+        arithmetic depends on its keys only, in place or gathered, and an empty chunk adds exact zeros,
+        so a row's output is the same bits whatever the step's width, its row count and where its
+        ancestors lie (measured: lab/exact_attention_cpu.py; tests/e2e/test_engines_cli.py)."""
+        b, t, g, c, n = q.shape[0], q.shape[1], self.h // self.kv, past_k[0].shape[1], self.chunk
+        p, m = chunks * n, idx.shape[-1] // n - chunks                      # keys in place; chunks gathered
+        # the rest of each row's keys: columns past p (its first p keys are columns 0..p-1), gathered
+        # from the past after p and the new rows; padding slots (not valid) read row 0
+        r = c - p + t
+        flat = ((idx[..., p:] - p).clamp(min=0) + (torch.arange(b, device=idx.device) * r).view(b, 1, 1)).reshape(-1)
+        seen = valid[..., p:].view(b, t, m, 1, n)
+        qs = q.view(b, t, self.kv, g, self.d)
+        out = []
+        for i in range(self.kv):                                                # each KV head as it lies
+            qi = qs[:, :, i].unsqueeze(2)                                       # [B, T, 1, G, D]
+            kp = past_k[i][:, :p].reshape(b, 1, chunks, n, self.d)               # [B, 1, chunks, K, D]: T broadcast
+            vp = past_v[i][:, :p].reshape(b, 1, chunks, n, self.d)
+            kt = torch.cat([past_k[i][:, p:], k[:, :, i]], 1).reshape(b * r, self.d).index_select(0, flat)
+            vt = torch.cat([past_v[i][:, p:], v[:, :, i]], 1).reshape(b * r, self.d).index_select(0, flat)
+            kt, vt = kt.view(b, t, m, n, self.d), vt.view(b, t, m, n, self.d)    # [B, T, m, K, D]
+            head = torch.matmul(qi, kp.transpose(-1, -2)) * self.scale           # [B, T, chunks, G, K]
+            rest = torch.where(seen, torch.matmul(qi, kt.transpose(-1, -2)) * self.scale, float("-inf"))
+            top_h, top_r = head.amax(-1, keepdim=True), rest.amax(-1, keepdim=True)   # [.., G, 1] per chunk
+            e_h = torch.exp(head - top_h)
+            e_r = torch.where(seen, torch.exp(rest - top_r), 0.0)              # an empty chunk: zeros
+            out.append(self._combine(torch.cat([top_h, top_r], 2),
+                                     torch.cat([torch.matmul(e_h, vp), torch.matmul(e_r, vt)], 2),
+                                     torch.cat([e_h.sum(-1, keepdim=True), e_r.sum(-1, keepdim=True)], 2)))
+        return torch.stack(out, 2).reshape(b, t, self.h * self.d)              # [B, T, Hkv, G, D]
+
+    @staticmethod
+    def _combine(top, part, total):
+        """A row's chunks (axis 2: max [.., G, 1], product with V [.., G, D], exp-sum [.., G, 1])
+        combined in order: rescaled to the largest max, then summed by running sums."""
+        best = top.amax(2, keepdim=True)
         best = torch.where(best == float("-inf"), 0.0, best)                    # a row that sees nothing
         weight = torch.exp(top - best)
         # Summed over the chunks in order: a running sum (CumSum) is sequential by definition, where
         # ONNX Runtime's ReduceSum regroups by the chunk count (measured: 5 of 568 rows off)
-        total = torch.cumsum(total * weight, 3)[:, :, :, -1]
-        out = torch.cumsum(part * weight, 3)[:, :, :, -1] / torch.where(total > 0, total, 1.0)   # [Hkv, B, T, G, D]
-        return out.permute(1, 2, 0, 3, 4).reshape(b, t, self.h * self.d)
+        total = torch.cumsum(total * weight, 2)[:, :, -1]
+        return torch.cumsum(part * weight, 2)[:, :, -1] / torch.where(total > 0, total, 1.0)   # [B, T, G, D]
 
 
 class MLP(nn.Module):
@@ -481,7 +512,10 @@ class Decoder(nn.Module):
             masks[True] = torch.where(near, 0.0, -1e30).to(torch.float32)[:, None, None]
         chunk = self.model.layers[0].self_attn.chunk
         if chunk:                            # logical order: each row's keys, listed once per mask
-            masks = {False: logical_keys(attn_mask, chunk)} | ({True: logical_keys(near, chunk)} if True in masks else {})
+            lists = [(False, attn_mask)] + ([(True, near)] if True in masks else [])
+            keys = {w: logical_keys(m, chunk) for w, m in lists}
+            c = past[0].shape[1] if past else 0
+            masks = {w: (idx, valid, in_place_chunks(idx, valid, chunk, c)) for w, (idx, valid) in keys.items()}
         new_kv: list[torch.Tensor] = []
         n = self.spec.num_kv_heads
         for i, layer in enumerate(self.model.layers):
