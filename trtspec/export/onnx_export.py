@@ -152,8 +152,8 @@ def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool
 @contextlib.contextmanager
 def _quiet_exporter():
     """The exporters' chatter is not actionable for users of this contract (axis-name sharing,
-    torchvision op registration, TorchScript deprecation, the whole graph printed beside a note on the
-    data-dependent size of Attention.logical's in-place keys); real failures still raise."""
+    torchvision op registration, TorchScript deprecation, symbolic shapes' note that the data-dependent
+    count of Attention.logical's in-place chunks names no user code); real failures still raise."""
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnx_ir", "onnxscript",
                                               "torch.fx.experimental.symbolic_shapes")]
     levels = [lg.level for lg in loggers]
