@@ -177,7 +177,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32 statistics, as the reference implementations do, so bf16 weights stay accurate.
         x32 = x.float()
-        x32 = x32 / torch.sqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.fp32_scale:              # Gemma: (1 + w), applied in fp32 before the cast
             return (x32 * ((1.0 + self.weight.float()) if self.offset else self.weight.float())).to(x.dtype)
         return self.weight * x32.to(x.dtype)
