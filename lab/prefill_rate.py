@@ -23,13 +23,11 @@ import click
 @click.option("--repeats", default=2, type=click.IntRange(1))
 @click.option("--threads", default=2, type=click.IntRange(1))
 def main(engines_dir: str, tokens: str, repeats: int, threads: int) -> None:
-    import json as stdlib_json
-
     from trtspec.assembly.load import load_generator
 
     gen = load_generator(engines_dir, threads=threads, prefix_cache=0)
     try:
-        text = "".join(open(inspect.getsourcefile(m)).read() for m in (stdlib_json.decoder, inspect, click.core))
+        text = "".join(open(inspect.getsourcefile(m)).read() for m in (json.decoder, inspect, click.core))
         ids = gen.tokenizer.encode(text)
         for n in (int(x) for x in tokens.split(",")):
             if n > len(ids):

@@ -246,7 +246,7 @@ class Attention(nn.Module):
         # past_k / past_v: one [B, C, D] tensor per KV head (contract v3: head-major, read in place)
         b, t, c = x.shape[0], x.shape[1], past_k[0].shape[1]
         q, k, v = self.project(x, rope)
-        if self.chunk:                        # mask_add is (idx, valid) of logical_keys and in_place_chunks here
+        if self.chunk:                        # mask_add is (idx, valid, chunks): logical_keys, in_place_chunks
             out = self.logical(q, k, v, *mask_add, past_k, past_v)
             return self.o_proj(out), k.unbind(2), v.unbind(2)
         out_dtype = x.dtype

@@ -152,10 +152,8 @@ def fix_interface(proto: onnx.ModelProto, s, kv_dtype: torch.dtype, hidden: bool
 @contextlib.contextmanager
 def _quiet_exporter():
     """The exporters' chatter is not actionable for users of this contract (axis-name sharing,
-    torchvision op registration, TorchScript deprecation, symbolic shapes' note that the data-dependent
-    count of Attention.logical's in-place chunks names no user code); real failures still raise."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnx_ir", "onnxscript",
-                                              "torch.fx.experimental.symbolic_shapes")]
+    torchvision op registration, TorchScript deprecation); real failures still raise."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnx_ir", "onnxscript")]
     levels = [lg.level for lg in loggers]
     with warnings.catch_warnings():
         for cat in (UserWarning, FutureWarning, DeprecationWarning, torch.jit.TracerWarning):
