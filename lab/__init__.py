@@ -5,6 +5,7 @@ Run from a checkout of the repository, with the project's venv (`make install`):
     .venv/bin/python -m lab.stepcost --engines ENGINES --threads 2 --profile prof/
     .venv/bin/python -m lab.prefill_rate --engines ENGINES --tokens 1024,4096
     .venv/bin/python -m lab.host_reads --batch 4
+    .venv/bin/python -m lab.load_split --engines ENGINES --concurrency 2 --repeat 2
     .venv/bin/python -m lab.device_check --help          # the GPU device check (docs/gpu.md)
 
 `lab/bench/<topic>/` holds the one-off scripts behind docs/benchmarks.md; their records stay in

@@ -329,20 +329,25 @@ def bench(**options) -> None:
                    "logit differences vs torch (plus polygraphy TensorRT-vs-ONNX Runtime where both exist).")
 @click.option("--trees", type=click.IntRange(1), default=None,
               help="With --compare: also run N random trees (2-16 nodes) at random cached lengths from 16 to "
-                   "2,000 through the folder's own backend and count the nodes whose logits differ, bit for bit, "
-                   "from the same path fed one token per forward (what `ar` computes). 0 means strategies "
+                   "--longest through the folder's own backend and count the nodes whose logits differ, bit for "
+                   "bit, from the same path fed one token per forward (what `ar` computes). 0 means strategies "
                    "reproduce `ar` on those trees.")
+@click.option("--longest", type=click.IntRange(17), default=2000, show_default=True,
+              help="With --trees: the longest cached length a tree is drawn at (at most the folder's "
+                   "max_seq_len - 24). The sweep prefills one random prompt this long first.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True)
 @click.option("--measure-costs", is_flag=True,
               help="Measure the step costs budget: auto plans with (one target / draft forward over 1..64 new "
                    "tokens at two cache lengths) on this machine again, and store them in the folder's costs.json.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="With --measure-costs: threads (default: the config's).")
 @user_errors
-def inspect(engines_dir: str, compare: bool, trees: int | None, role: str, measure_costs: bool,
+def inspect(engines_dir: str, compare: bool, trees: int | None, longest: int, role: str, measure_costs: bool,
             threads: int | None) -> None:
     """Show an engine folder's models, artifacts, versions (verifying every hash) and step costs."""
     if trees and not compare:
         raise click.UsageError("--trees goes with --compare")
+    if longest != 2000 and not trees:
+        raise click.UsageError("--longest goes with --trees")
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe
     if measure_costs:
@@ -355,7 +360,7 @@ def inspect(engines_dir: str, compare: bool, trees: int | None, role: str, measu
             click.echo(line)
     if trees:
         from .tools.inspect_engines import sweep
-        for line in sweep(Path(engines_dir), role, trees):
+        for line in sweep(Path(engines_dir), role, trees, longest=longest):
             click.echo(line)
 
 

@@ -348,6 +348,13 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     alone = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--trees", "3"])
     assert alone.exit_code == 2 and "--trees goes with --compare" in alone.output
     assert "engine folder" not in alone.output                         # refused before any work
+    far = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "20",
+                                    "--longest", "100000"])
+    line = next(l for l in far.output.splitlines() if "exactness: 20 random trees" in l)
+    cap = load_config(TINY).max_seq_len - 24
+    assert f"cached lengths 16-{cap} (capped at max_seq_len" in line and " 0 of " in line, line
+    lone = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--longest", "500"])
+    assert lone.exit_code == 2 and "--longest goes with --trees" in lone.output
 
     gen = load_generator(folder)
     assert gen.target_engine.kv_dtype == torch.float64

@@ -240,6 +240,32 @@ def test_a_draft_that_must_catch_up_charges_it_over_the_tokens_left():
     assert AutoBudget(ROWS, max_nodes=32, batch=view, request=3).begin(512, behind=200)          # no end known: free
 
 
+def test_a_request_alone_between_its_neighbours_requests_does_not_prefill_its_draft():
+    """Between one request's end and its client's next submit, the batch runs an iteration a row
+    short, where a draft's catch-up could pay (here: 2 rows instead of 3); but a catch-up pays only
+    over many steps, and the next arrival fills the row again. The catch-up is also weighed in the
+    batch of the recent iterations, so the request stays at ar there; a current draft is used at the
+    instant's shape; once the batch has been smaller for RECENT iterations, the draft catches up."""
+    from trtspec.runtime.budget.batch_costs import RECENT
+
+    def budget() -> AutoBudget:
+        return AutoBudget(ROWS, max_nodes=32, batch=view, request=3, left=64)
+    view = BatchView()
+    for _ in range(4):
+        view.observe({1: (1, 1.0), 2: (1, 1.0), 3: (1, 1.0)}, [])
+    assert not budget().begin(512, behind=200)                   # 3 rows: a catch-up does not pay
+    view.observe({2: (1, 1.0), 3: (1, 1.0)}, [])                 # request 1 ended; its next not yet here
+    assert budget().costs.rows() == 2 and view.recent_rows() == 3
+    fresh = BatchView()
+    fresh.observe({2: (1, 1.0), 3: (1, 1.0)}, [])
+    assert AutoBudget(ROWS, max_nodes=32, batch=fresh, request=3, left=64).begin(512, behind=200)  # 2 rows pay
+    assert not budget().begin(512, behind=200)                   # ... but not for an iteration a row short
+    assert budget().begin(512, behind=2)                         # a current draft: drafts at once
+    for _ in range(RECENT - 1):
+        view.observe({2: (1, 1.0), 3: (1, 1.0)}, [])
+    assert view.recent_rows() == 2 and budget().begin(512, behind=200)   # 2 rows for RECENT iterations
+
+
 def test_free_trees_that_gain_raise_the_bar_for_prefilling_a_draft():
     """Where a request's steps without a draft forward (suffix trees) have been gaining well over ar,
     the gate does not prefill a draft that even optimistically would gain less; ar-like free steps

@@ -139,11 +139,12 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
                    config: Config | None = None, opened: tuple[dict, Config, str] | None = None,
                    tokenizer=None, slots: int | None = None, max_queue: int | None = None,
                    prefix_cache: int | None = None, strategy_options: dict | None = None,
-                   costs=None) -> Generator:
+                   costs=None, hooks=None) -> Generator:
     """Engines + KV buffers + tokenizer of an engine folder (see `open_folder` for the arguments;
     pass its result as `opened`, and a tokenizer already loaded, to skip doing them twice).
     `strategy_options`: the strategies' options, if not the config's; `costs`: the step costs
-    budget: auto plans with (a runtime/costs.py CostModel), if not the folder's stored ones."""
+    budget: auto plans with (a runtime/costs.py CostModel), if not the folder's stored ones; `hooks`:
+    an observer of the runtime (runtime/hooks.py), e.g. a lab instrument."""
     folder = Path(folder)
     manifest, cfg, backend = opened or open_folder(folder, backend, config)
     threads = cfg.threads if threads is None else threads
@@ -160,7 +161,7 @@ def load_generator(folder: str | Path, backend: str | None = None, threads: int 
                     stop_ids=set(manifest.get("stop_ids", [])),
                     strategy_options=cfg.strategies if strategy_options is None else strategy_options,
                     buckets=cfg.step_buckets(), slots=slots, max_queue=max_queue, owns_engines=True,
-                    prefix_cache=prefix_cache, heads=heads, config=cfg, backend=backend, costs=costs,
+                    prefix_cache=prefix_cache, heads=heads, config=cfg, backend=backend, costs=costs, hooks=hooks,
                     stored_costs=StoredCosts(folder, costs_key(cfg, backend, threads)))
     if uses_auto(cfg):
         gen.step_costs()         # stored, or measured now: not inside the first request's submit

@@ -7,7 +7,7 @@ Runtime / TensorRT folder the model rebuilt from the config's source; for a quan
 difference is the quantization's, reported, not judged). It also checks each backend's batch
 invariance: every tree node's logits against the same path fed one token per forward, as `ar`
 would (lossless greedy needs the two to pick the same argmax); `--trees N` does that bit for bit
-over N random trees at cached lengths up to 2,000 on the folder's own backend (`sweep`). Where
+over N random trees at cached lengths up to 2,000 (`--longest`) on the folder's own backend (`sweep`). Where
 TensorRT and polygraphy both exist, polygraphy's Comparator also checks the ONNX graph under
 TensorRT vs ONNX Runtime (not exercised in CI: neither can be installed there).
 """
@@ -140,7 +140,7 @@ def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, 
     m = verify(folder)
     cfg = Config.from_dict(m["config"])
     info = m["models"][role]
-    longest = max(17, min(longest, cfg.max_seq_len - 24))
+    asked, longest = longest, max(17, min(longest, cfg.max_seq_len - TREE_ROOM))
     engine = load_engine(folder, role, info, m["backend"], LoadOptions(threads=cfg.threads))
     try:
         differ, nodes, worst, _ = count_differences(engine, info["spec"]["vocab_size"], trees, longest, seed,
@@ -148,8 +148,9 @@ def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, 
     finally:
         engine.close()
     verdict = "bit-identical" if differ == 0 else f"max |Δlogit| {worst:.3g} — NOT EXACT"
-    return [f"{m['backend']:<12} exactness: {trees} random trees ({nodes} nodes) at cached lengths 16-{longest}: "
-            f"{differ} of {nodes} nodes' logits differ from one token per forward — {verdict}"]
+    capped = f" (capped at max_seq_len {cfg.max_seq_len} - {TREE_ROOM})" if longest < asked else ""
+    return [f"{m['backend']:<12} exactness: {trees} random trees ({nodes} nodes) at cached lengths 16-{longest}"
+            f"{capped}: {differ} of {nodes} nodes' logits differ from one token per forward — {verdict}"]
 
 
 TREE_ROOM = 24       # rows a sweep's cache holds beyond its longest cached length (a tree, and margin)

@@ -100,9 +100,18 @@ class AutoBudget:
         suffix trees gain 1.4x ar does not prefill a draft that could at best gain 1.05x (measured on
         repeated JSON requests: 2-3 draft forwards per request, ~1.3 s of draft prefill, for 1-3
         draft tokens). A draft that is current is weighed against the suffix tree step by step
-        (a Round that asks to feed), with no such bar."""
-        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=self._hoped_top1(), per_token=self._catch_up())
-        bar = self.costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
+        (a Round that asks to feed), with no such bar. A catch-up must also pay in the batch as the
+        recent iterations had it (`BatchCosts.recent`): a request alone for an iteration or two
+        between its neighbours' requests does not prefill a draft the next arrival makes useless."""
+        if not self._could_pay(self.costs):
+            return False
+        recent = self.costs.recent() if self.catch_up_s else None
+        return recent is None or self._could_pay(recent)
+
+    def _could_pay(self, costs: BatchCosts) -> bool:
+        rates = self._ahead([], [1.0], 1, HOPE_FORWARDS, top1=self._hoped_top1(), per_token=self._catch_up(),
+                            costs=costs)
+        bar = costs.all_ar_rate() * (max(self.free_gain, 1.0) if self.catch_up_s else 1.0)
         return max(rates[1:]) > max(rates[0], bar)
 
     def _hoped_top1(self) -> float:
@@ -192,13 +201,15 @@ class AutoBudget:
         k, r = self._best_prefix(values, self.draft_s)
         return k if k and r > self.costs.all_ar_rate() else 0
 
-    def _best_prefix(self, values: list[float], draft_s: float, per_token: float = 0.0) -> tuple[int, float]:
+    def _best_prefix(self, values: list[float], draft_s: float, per_token: float = 0.0,
+                     costs: BatchCosts | None = None) -> tuple[int, float]:
+        costs = costs or self.costs
         e = self.expected
-        best, best_rate = 0, self.costs.rate(e, self.nodes, draft_s + per_token * (1 + e))
+        best, best_rate = 0, costs.rate(e, self.nodes, draft_s + per_token * (1 + e))
         room = max(self.max_nodes - self.nodes, 0)
         for k, v in enumerate(values[:room], 1):
             e += v
-            r = self.costs.rate(e, self.nodes + k, draft_s + per_token * (1 + e))
+            r = costs.rate(e, self.nodes + k, draft_s + per_token * (1 + e))
             if r > best_rate:
                 best, best_rate = k, r
         return best, best_rate
@@ -215,7 +226,7 @@ class AutoBudget:
         return max(rates[1:]) > rates[0]
 
     def _ahead(self, known: list[float], frontier: list[float], tokens: int, forwards: int,
-               top1: float | None = None, per_token: float = 0.0) -> list[float]:
+               top1: float | None = None, per_token: float = 0.0, costs: BatchCosts | None = None) -> list[float]:
         """The best rate reachable after 0, 1, ... `forwards` more draft forwards: each forward gives
         every frontier node a guessed child of value v x top1 (the draft's recent calibrated top-1
         acceptance), and the tree takes the best prefix of the known candidates and the children so
@@ -223,16 +234,18 @@ class AutoBudget:
         where verify costs rise steeply from one token (a CPU: a 2-token forward can cost 2x a
         1-token one), so a deep tree that pays is never reached one unprofitable node at a time.
         `top1` replaces the running estimate (could_pay's optimistic draft); `per_token`: seconds
-        charged per emitted token of a drafted step (could_pay's catch-up)."""
+        charged per emitted token of a drafted step (could_pay's catch-up); `costs`: the batch it is
+        weighed in, if not this step's."""
+        costs = costs or self.costs
         top1 = self.values.top1 if top1 is None else top1
         values = sorted(known, reverse=True)
         draft_s, rates = self.draft_s, []
         for k in range(forwards + 1):
             if k:
-                draft_s += self.costs.draft_marginal(tokens, len(self.rounds) + k - 1)
+                draft_s += costs.draft_marginal(tokens, len(self.rounds) + k - 1)
                 frontier = [v * top1 for v in frontier]
                 values = sorted(values + frontier, reverse=True)
-            rates.append(self._best_prefix(values, draft_s, per_token if k else 0.0)[1])
+            rates.append(self._best_prefix(values, draft_s, per_token if k else 0.0, costs)[1])
         return rates
 
     # -- after verification -----------------------------------------------------------------------

@@ -5,28 +5,46 @@ Requests sharing a batch share the target forward: V is taken at the batch's tot
 rate counts the batch's expected tokens, so every request adds a node only while its value beats
 the same batch-wide threshold (the heap-over-all-requests allocation in threshold form). A forward
 over B rows padded to the longest costs what the cost model measured for B such rows, for target
-and draft forwards alike.
+and draft forwards alike. A draft's catch-up (a forward over every token it lacks) pays only over
+many steps, so it is also weighed in the batch as the last RECENT iterations had it (`recent`): a
+request alone for an iteration because its neighbour's next request has not arrived yet does not
+prefill a draft it will not use once that request joins.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..costs import CostModel
+
+# Target phases a catch-up looks back over. Measured (8 HumanEval requests, 2 closed-loop clients,
+# the default pair): between one request's end and its client's next submit the scheduler ran an
+# iteration with one row, where a draft pays; each of the 8 requests prefilled its draft there
+# (1.4-1.6 s of 41-46) for 7 draft forwards in all, and the wave ran at 0.87-0.97x ar's; with this
+# look-back, 2 prefills and 0.99-1.05x (docs/benchmarks.md, "The default under load").
+RECENT = 8
 
 
 @dataclass
 class BatchView:
     """The scheduler's last iteration, by request id: each request's new tokens in the target
     forward (with its expected emitted tokens) and in each draft forward; a request that ends is
-    forgotten; a request whose prefill is running is a one-token row (`join`). A budget reads its
-    neighbours' entries."""
+    forgotten; a request whose prefill is running is a one-token row (`join`); the rows of the last
+    RECENT target phases (none once no request is left). A budget reads its neighbours' entries."""
     target: dict[int, tuple[int, float]] = field(default_factory=dict)
     draft: list[dict[int, int]] = field(default_factory=list)     # per draft forward: tokens by request
+    sizes: deque = field(default_factory=lambda: deque(maxlen=RECENT))    # rows of the last target phases
 
     def observe(self, target: dict[int, tuple[int, float]], draft: list[dict[int, int]],
                 coming: list[int] = ()) -> None:
         self.target, self.draft = target, draft
         self.join(coming)
+        self.sizes.append(len(self.target))
+        self._drained()
+
+    def recent_rows(self) -> int:
+        """The most rows a target phase had in the last RECENT iterations (1 before any)."""
+        return max(self.sizes, default=1)
 
     def join(self, requests: list[int]) -> None:
         """Requests about to take their first step (their prefill is running): one-token rows."""
@@ -37,6 +55,12 @@ class BatchView:
         self.target.pop(request, None)
         for rnd in self.draft:
             rnd.pop(request, None)
+        self._drained()
+
+    def _drained(self) -> None:
+        """No request left: the next one starts a batch of its own, with no recent sizes."""
+        if not self.target:
+            self.sizes.clear()
 
 
 class BatchCosts:
@@ -55,6 +79,17 @@ class BatchCosts:
     def rows(self) -> int:
         """Rows of the batch's target forward, this request's included."""
         return len(self.others()[0]) + 1
+
+    def recent(self) -> "BatchCosts | None":
+        """The same request's costs in a batch of as many rows as the recent iterations had at most
+        (one-token neighbours), or None where that is not more than this batch's rows."""
+        n = self.batch.recent_rows()
+        if n <= self.rows():
+            return None
+        view = BatchView({-i: (1, 1.0) for i in range(1, n)}, [])
+        costs = BatchCosts(self.model, view, self.request)
+        costs.cached, costs.heads = self.cached, self.heads
+        return costs
 
     def padded(self, role: str, rows: list[int]) -> float:
         return self.model.forward(role, rows, self.cached)
