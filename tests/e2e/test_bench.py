@@ -421,6 +421,10 @@ def test_concurrency_mode(engines, prompts_file, tmp_path):
         assert x["mean_batch_rows"] >= 1
     ar4 = next(x for x in runs if x["strategy"] == "ar" and x["concurrency"] == 4)
     assert ar4["mean_batch_rows"] > 1.5                                 # requests really shared forwards
+    for x in runs:                                                      # the wall-clock gain at the same level
+        same = next(a for a in runs if a["strategy"] == "ar" and a["concurrency"] == x["concurrency"])
+        assert x["vs_ar"] == pytest.approx(x["tokens_per_s"] / same["tokens_per_s"])
+    assert "| × ar |" in (out / "concurrency.md").read_text()
     assert (out / "concurrency.md").read_text().count("\n") == 2 + len(runs)
     assert (out / "concurrency.png").stat().st_size > 1000
     assert_one_line_error(invoke("--engines", engines, "--dataset", prompts_file, "--concurrency", "0,2",

@@ -8,7 +8,9 @@ benchmark's "max concurrency"). c = 1 is the requests run one after another. Mea
 - total tokens/s = all new tokens / wall time from the first submit to the last completion;
 - per-request latency (submit -> last token) p50 / p95, and time to first token p50 / p95;
 - mean engine batch size of the target (rows per target forward) and target forwards;
-- greedy outputs: every request's tokens must equal its c = 1 output (batch invariance, checked).
+- greedy outputs: every request's tokens must equal its c = 1 output (batch invariance, checked);
+- × ar: its tokens/s over `ar`'s at the same concurrency (the wall-clock gain; with budget: auto it
+  stands beside the gain the policy predicted).
 
 One warm-up wave at the largest concurrency (all prompts, 8 tokens) is excluded. The Generator has
 max(c) slots. Written to OUTPUT/concurrency.json, concurrency.md and concurrency.png.
@@ -107,16 +109,20 @@ def concurrency_bench(gen, prompts: list[list[int]], strategies: list[str], leve
                            f"{len(gen.slots)} (set slots in the config)")
     for s in strategies:                                     # warm-up, not recorded
         run_wave(gen, prompts, s, min(8, max_new), max(levels))
-    records = []
+    records, ar = [], {}
     for s in strategies:
         base = None
         for c in sorted(levels):
             rec = run_wave(gen, prompts, s, max_new, c)
             if base is None:
                 base = rec
+            if s == "ar":
+                ar[c] = rec
             rec["speedup_vs_sequential"] = rec["tokens_per_s"] / base["tokens_per_s"]
+            rec["vs_ar"] = rec["tokens_per_s"] / ar[c]["tokens_per_s"] if c in ar else None
             rec["equal_to_sequential"] = sum(a == b for a, b in zip(rec["token_ids"], base["token_ids"]))
-            log(f"{s} c={c}: {rec['tokens_per_s']:.2f} tok/s ({rec['speedup_vs_sequential']:.2f}x sequential), "
+            vs_ar = f", {rec['vs_ar']:.2f}x ar" if s != "ar" and rec["vs_ar"] is not None else ""
+            log(f"{s} c={c}: {rec['tokens_per_s']:.2f} tok/s ({rec['speedup_vs_sequential']:.2f}x sequential{vs_ar}), "
                 f"latency p50 {rec['latency_p50_s']:.1f}s p95 {rec['latency_p95_s']:.1f}s, "
                 f"{rec['mean_batch_rows']:.2f} rows per target forward, "
                 f"{rec['equal_to_sequential']}/{len(prompts)} outputs = sequential")
@@ -127,23 +133,25 @@ def concurrency_bench(gen, prompts: list[list[int]], strategies: list[str], leve
 def write_concurrency_report(records: list[dict], output: Path, settings: dict) -> list[str]:
     output.mkdir(parents=True, exist_ok=True)
     (output / "concurrency.json").write_text(json.dumps({"settings": settings, "runs": records}, indent=1))
-    lines = ["| strategy | concurrency | tok/s (all requests) | × sequential | latency p50 / p95 (s) | "
-             "TTFT p50 / p95 (s) | rows per target forward | outputs = sequential |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| strategy | concurrency | tok/s (all requests) | × sequential | × ar | latency p50 / p95 (s) | "
+             "TTFT p50 / p95 (s) | rows per target forward | outputs = sequential |", "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['strategy']} | {r['concurrency']} | {r['tokens_per_s']:.2f} | "
-                     f"{r['speedup_vs_sequential']:.2f} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+                     f"{r['speedup_vs_sequential']:.2f} | {_ratio(r.get('vs_ar'))} | "
+                     f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
                      f"{r['ttft_p50_s']:.2f} / {r['ttft_p95_s']:.2f} | {r['mean_batch_rows']:.2f} | "
                      f"{r['equal_to_sequential']}/{r['requests']} |")
     auto = [r for r in records if "policy_steps" in r]
     if auto:
-        lines += ["", "budget: auto, what the policy chose (gain over the batch's ar step):", "",
-                  "| strategy | concurrency | steps | ar steps | mean budget | predicted gain | measured gain |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "budget: auto, what the policy chose (gain over the batch's ar step). Predicted: by the cost "
+                  "table; × ar: measured, tok/s over ar's at the same concurrency; step gain: each step's ar time by "
+                  "the table over its measured time (it also shows the table's error).", "",
+                  "| strategy | concurrency | steps | ar steps | mean budget | predicted gain | × ar | step gain |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in auto:
-            meas = r["policy_measured_gain"]
             lines.append(f"| {r['strategy']} | {r['concurrency']} | {r['policy_steps']} | "
                          f"{r['policy_ar_share']:.0%} | {r['policy_mean_budget']:.1f} | {r['policy_predicted_gain']:.2f} | "
-                         f"{'–' if meas is None else f'{meas:.2f}'} |")
+                         f"{_ratio(r.get('vs_ar'))} | {_ratio(r['policy_measured_gain'])} |")
     (output / "concurrency.md").write_text("\n".join(lines) + "\n")
     files = ["concurrency.json", "concurrency.md"]
     try:
@@ -160,6 +168,10 @@ def write_concurrency_report(records: list[dict], output: Path, settings: dict) 
     except ImportError:
         pass
     return files
+
+
+def _ratio(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}"
 
 
 def plot_by_strategy(ax, records: list[dict], key: str, ylabel: str, xlabel: str, scale: float = 1.0) -> None:
