@@ -67,10 +67,10 @@ class Split(Hooks):
 
 
 def wave(gen, split: Split, prompts, strategy: str, max_new: int, concurrency: int) -> dict:
+    from trtspec.tools.bench import instrument
     from trtspec.tools.bench_concurrency import run_wave
     for b in gen.batchers.values():
-        b.timed = True
-        b.reset_timing()
+        instrument(b)
     split.reset()
     rec = run_wave(gen, prompts, strategy, max_new, concurrency)
     s = split.seconds
@@ -146,9 +146,9 @@ def main(folder: str, dataset: str, limit: int, max_new_tokens: int, concurrency
         for s in names:                                          # warm-up, not recorded
             run_wave(gen, prompts, s, min(8, max_new_tokens), concurrency)
         rows = [wave(gen, split, prompts, s, max_new_tokens, concurrency) for _ in range(repeat) for s in names]
-    base = {r["strategy"]: r["token_ids"] for r in rows if r["strategy"] == names[0]}
+    first = rows[0]["token_ids"]                                 # the first strategy's first wave
     for r in rows:
-        r["equal_to_first"] = sum(a == b for a, b in zip(r.pop("token_ids"), base[names[0]]))
+        r["equal_to_first"] = sum(a == b for a, b in zip(r.pop("token_ids"), first))
     for line in report(rows):
         click.echo(line)
     if json_path:

@@ -332,21 +332,21 @@ def bench(**options) -> None:
                    "--longest through the folder's own backend and count the nodes whose logits differ, bit for "
                    "bit, from the same path fed one token per forward (what `ar` computes). 0 means strategies "
                    "reproduce `ar` on those trees.")
-@click.option("--longest", type=click.IntRange(17), default=2000, show_default=True,
-              help="With --trees: the longest cached length a tree is drawn at (at most the folder's "
-                   "max_seq_len - 24). The sweep prefills one random prompt this long first.")
+@click.option("--longest", type=click.IntRange(17), default=None,
+              help="With --trees: the longest cached length a tree is drawn at (default 2,000; at most the "
+                   "folder's max_seq_len - 24). The sweep prefills one random prompt this long first.")
 @click.option("--role", type=click.Choice(["target", "draft"]), default="target", show_default=True)
 @click.option("--measure-costs", is_flag=True,
               help="Measure the step costs budget: auto plans with (one target / draft forward over 1..64 new "
                    "tokens at two cache lengths) on this machine again, and store them in the folder's costs.json.")
 @click.option("--threads", type=click.IntRange(0), default=None, help="With --measure-costs: threads (default: the config's).")
 @user_errors
-def inspect(engines_dir: str, compare: bool, trees: int | None, longest: int, role: str, measure_costs: bool,
+def inspect(engines_dir: str, compare: bool, trees: int | None, longest: int | None, role: str, measure_costs: bool,
             threads: int | None) -> None:
     """Show an engine folder's models, artifacts, versions (verifying every hash) and step costs."""
     if trees and not compare:
         raise click.UsageError("--trees goes with --compare")
-    if longest != 2000 and not trees:
+    if longest is not None and not trees:
         raise click.UsageError("--longest goes with --trees")
     from .tools.inspect_engines import compare as run_compare
     from .tools.inspect_engines import describe

@@ -135,8 +135,13 @@ def compare(folder: Path, role: str = "target", atol_scale: float = 1e-3) -> lis
     return lines
 
 
-def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0, longest: int = 2000) -> list[str]:
+SWEEP_LONGEST = 2000  # the longest cached length a sweep draws trees at, unless asked (`inspect --longest`)
+
+
+def sweep(folder: Path, role: str = "target", trees: int = 1000, seed: int = 0,
+          longest: int | None = None) -> list[str]:
     """`count_differences` on the folder's own backend (`inspect --compare --trees N`)."""
+    longest = longest or SWEEP_LONGEST
     m = verify(folder)
     cfg = Config.from_dict(m["config"])
     info = m["models"][role]
