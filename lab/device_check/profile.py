@@ -3,7 +3,9 @@ goals' shape) and at B = 8, T = 1, C = 16,384 (4x slower than T = 8 in the first
 replayed as a CUDA graph under torch.profiler (eager where capture fails): kernels per step and
 per layer, their summed time against the replay's, grouped as matmuls, attention and the rest, and
 the costliest kernels by name. This is what the weight-read floor is missed by. Beside each, the
-same shape written with torch's fused blocks (reference.py): how close fewer kernels get. On a CPU
+same shape written with torch's fused blocks (reference.py): how close fewer kernels get; and on a
+GPU the product's own step, the logical engine's (engines/fused_step.py: ten kernels a layer is
+issue 61's goal) at its 16-row bucket, as its CUDA graph replays it. On a CPU
 (tiny) the same for the ops that compute (views and allocations left out)."""
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile as torch_profile
 
 from .costs import _free, capture, random_model, shapes, steps, weight_bytes
+from . import settings as S
 from .reference import Reference
+from .setcost import logical_step
 from .timing import is_cuda, median
 
 STEPS = 10
@@ -24,7 +28,7 @@ ATTENTION = ("softmax", "flash", "fmha", "attention", "sdpa")
 NOT_COMPUTE = {"aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::unsqueeze",
                "aten::squeeze", "aten::transpose", "aten::expand", "aten::permute", "aten::t", "aten::slice",
                "aten::select", "aten::unbind", "aten::alias", "aten::empty", "aten::empty_strided",
-               "aten::empty_like", "aten::resolve_conj", "aten::resolve_neg", "aten::split", "aten::chunk",
+               "aten::empty_like", "aten::new_empty", "aten::resolve_conj", "aten::resolve_neg", "aten::split", "aten::chunk",
                "aten::split_with_sizes", "aten::narrow", "aten::detach", "aten::contiguous", "aten::_unsafe_view",
                "aten::flatten", "aten::movedim", "aten::view_as", "aten::result_type", "aten::lift_fresh"}
 
@@ -61,6 +65,11 @@ def one_profile(model, past, b: int, t: int, c: int, device: str) -> dict:
     replay, error = capture(ref_step) if is_cuda(device) else (None, None)
     out["reference"] = {"graphs": replay is not None, "graph_error": error,
                         **measure(replay or ref_step, device, model.spec)}
+    if is_cuda(device):         # the product's step: the logical engine's fused step (engines/fused_step.py)
+        out["logical"] = {"graphs": True, "rows": S.TOKENS,
+                          **measure(logical_step(model, b, c, device), device, model.spec)}
+    else:
+        out["logical"] = {"skipped": "needs a GPU (tests/e2e/test_fused_step.py counts its kernels on the CPU)"}
     return out
 
 

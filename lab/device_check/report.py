@@ -155,8 +155,9 @@ def _profile(p: dict, res: dict) -> list[str]:
             continue
         out += [f"**{shape}**:", "", "| step | ms | kernels (per layer) | kernel ms | matmul: kernels, ms | "
                 "attention: kernels, ms | the rest: kernels, ms |", "|---|---|---|---|---|---|---|"]
-        for name, r in (("the Decoder's", s), ("fused blocks (reference.py)", s.get("reference"))):
-            if r:
+        for name, r in (("the Decoder's", s), ("fused blocks (reference.py)", s.get("reference")),
+                        (f"the logical engine's, {s.get('logical', {}).get('rows')} rows", s.get("logical"))):
+            if r and "skipped" not in r:
                 g = r["groups"]
                 out.append(f"| {name}{' (graph)' if r['graphs'] else ' (eager)'} | {r['step_ms']} | "
                            f"{r['kernels_per_step']} ({r['kernels_per_layer']}) | {r['kernel_ms_per_step']} | "

@@ -15,7 +15,9 @@ shape replays over static inputs (tokens, positions, logit rows, slot ids, prefi
 rows) and the pool itself, which never moves; a shape is captured at its first step, on that step's
 inputs (so warm-up and capture write only that step's own rows: never a live row of another slot);
 without a CUDA device the same body runs eagerly on the same buffers (how it is tested on the CPU,
-under TRITON_INTERPRET=1).
+under TRITON_INTERPRET=1). The step itself is engines/fused_step.py's: the Decoder's weights and
+arithmetic in ten kernels a layer (joined q/k/v and gate/up products, fused norm, rotary + KV write,
+SiLU * up).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..export.model import Decoder
 from ..runtime.kv_cache import KVCache
 from .cuda_graphs import capture
 from .exact import matmul_flags
-from .logical_attention import logical_attention
+from .fused_step import fused_step, join
 from .torch_engine import TorchEngine
 
 
@@ -46,6 +48,7 @@ class LogicalTorchEngine(TorchEngine):
             raise ConfigError(f"exactness: logical has no sliding windows yet ({model.spec.arch} has windowed layers); "
                               "set exactness: fixed-fp64 for this model")
         super().__init__(model, device)
+        self.joined = join(self.model)            # q/k/v and gate/up as one product each (fused_step.py)
         self.cuda_graphs = cuda_graphs and str(device).startswith("cuda") and torch.cuda.is_available()
         self.shapes: dict[tuple, "_Shape"] = {}
 
@@ -69,21 +72,13 @@ class LogicalTorchEngine(TorchEngine):
     def _make(self, key: tuple, pool: torch.Tensor) -> "_Shape":
         b, t, width, r, tail, _ = key
         s = _Shape(self.spec, self.device, b, t, width, r, tail, self.hidden_rows)
-        hkv, h, d = self.spec.num_kv_heads, self.spec.num_heads, self.spec.head_dim
-
-        def attend(layer: int, q, k, v):
-            kv = pool[layer]                                   # [2, slots, Hkv, S, D]
-            kv[0][s.slot, :, s.write] = k.reshape(b * t, hkv, d).to(kv.dtype)
-            kv[1][s.slot, :, s.write] = v.reshape(b * t, hkv, d).to(kv.dtype)
-            out = logical_attention(q.reshape(b * t, h, d).to(kv.dtype), kv[0], kv[1], s.slot, s.prefix,
-                                    s.tail, s.ntail)
-            return out.view(b, t, h * d).to(q.dtype)
 
         def body() -> None:
-            logits, _, *hidden = self.model(s.ids, s.pos, s.mask, s.rows, [], attend=attend)
+            logits, hidden = fused_step(self.model, self.joined, s.ids, s.pos, s.rows, pool, s.slot, s.write,
+                                        s.prefix, s.tail, s.ntail)
             s.logits.copy_(logits)
-            if hidden:
-                s.hidden.copy_(hidden[0])
+            if hidden is not None:
+                s.hidden.copy_(hidden)
 
         s.body, s.run = body, None
         self.shapes[key] = s

@@ -494,10 +494,8 @@ class Decoder(nn.Module):
             layer.self_attn.chunk, layer.self_attn.acc = chunk, None
         return self
 
-    def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor], attend=None):
-        """The step contract's forward. `attend(layer, q, k, v)` (an engine's, not exported): attention
-        done elsewhere, the new rows' KV kept there (engines/logical_engine.py: the pool, in place);
-        it returns [B, T, H*D], `past` is not read and no new KV is returned."""
+    def forward(self, input_ids, position_ids, attn_mask, logit_rows, past: list[torch.Tensor]):
+        """The step contract's forward (engines/fused_step.py is the same step over the KV pool in place)."""
         x = self.model.embed_tokens(input_ids)                        # [B, T, hidden]
         if self.spec.family.embed_scale:                              # Gemma: times sqrt(hidden), in x's dtype
             x = x * torch.tensor(self.spec.hidden_size ** 0.5, dtype=x.dtype)
@@ -521,13 +519,9 @@ class Decoder(nn.Module):
         for i, layer in enumerate(self.model.layers):
             y = layer.input_layernorm(x)
             pair = rope.get(layer.windowed, rope[False])
-            if attend is not None:
-                attn = layer.self_attn
-                h = attn.o_proj(attend(i, *attn.project(y, pair)))
-            else:
-                ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
-                h, k, v = layer.self_attn(y, pair, masks[layer.windowed], ks, vs)
-                new_kv += [*k, *v]
+            ks, vs = past[2 * i * n:(2 * i + 1) * n], past[(2 * i + 1) * n:(2 * i + 2) * n]
+            h, k, v = layer.self_attn(y, pair, masks[layer.windowed], ks, vs)
+            new_kv += [*k, *v]
             x = layer.feed_forward(x, h)
         rows = logit_rows.unsqueeze(-1).expand(-1, -1, x.shape[-1])   # [B, R, hidden]
         x = self.model.norm(torch.gather(x, 1, rows))
