@@ -3,11 +3,12 @@ on the CPU under TRITON_INTERPRET=1: the same weights and outputs as the Decoder
 kernels a layer.
 
 - the fused blocks round where torch's own ops round: the residual sum and the rotary (keys written
-  into the pool, values as they are) bit for bit against export/model.py's ops, the norm and SiLU
-  within an ulp;
+  into the pool, values as they are) bit for bit against export/model.py's ops, the norm, SiLU and
+  GeGLU within an ulp;
 - the joined products are views of the weights the Decoder reads (no second copy, same values);
 - a prompt and the steps after it give the eager Decoder's logits (fp32, to 1e-5) for each family
-  the engine takes: biases (qwen2), q/k norms (qwen3), partial rotary (phi3), routed experts;
+  the engine takes: biases (qwen2), q/k norms (qwen3), partial rotary (phi3), routed experts, Gemma 3
+  (sliding windows by logical position, sandwich norms, GeGLU, its own scores' scale);
 - kernels per layer, counted as the profiler would on a GPU (each Triton launch one, each torch op
   that computes one; views and allocations none), as the difference between a 4- and a 2-layer
   model: at most 10 for the fused step, where the Decoder's own eager step takes far more.
@@ -26,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from lab.device_check.profile import NOT_COMPUTE  # noqa: E402
 from trtspec.engines import fused_blocks, logical_attention  # noqa: E402
-from trtspec.engines.fused_blocks import add_rms_norm, rope_write, silu_mul  # noqa: E402
+from trtspec.engines.fused_blocks import act_mul, add_rms_norm, rope_write  # noqa: E402
 from trtspec.engines.logical_engine import LogicalTorchEngine  # noqa: E402
 from trtspec.engines.torch_engine import TorchEngine  # noqa: E402
 from trtspec.export.tiny import tiny_pair, tiny_spec  # noqa: E402
@@ -50,7 +51,8 @@ def test_blocks_round_where_torch_rounds():
     assert _ulps(normed, layer.input_layernorm(x + h)) <= 1
     gate_up = torch.randn(6, 2 * 128, generator=g).to(torch.bfloat16)
     gate, up = gate_up.chunk(2, -1)
-    assert _ulps(silu_mul(gate_up), torch.nn.functional.silu(gate) * up) <= 1
+    assert _ulps(act_mul(gate_up), torch.nn.functional.silu(gate) * up) <= 1
+    assert _ulps(act_mul(gate_up, tanh_gelu=True), torch.nn.functional.gelu(gate, approximate="tanh") * up) <= 1
 
     # rotary + the KV write against Attention.project: q and k bit for bit, v as it is
     spec, attn = target.spec, layer.self_attn
@@ -78,14 +80,15 @@ def test_weights_are_joined_in_place():
 
 
 @pytest.mark.parametrize("arch,rotary", [("llama", None), ("qwen2", None), ("qwen3", None), ("phi3", 8),
-                                         ("qwen3_moe", None)])
+                                         ("qwen3_moe", None), ("gemma3", None)])
 def test_logits_equal_the_decoders(arch, rotary):
-    """A 9-token prompt, then three one-token steps, each row's logits against the eager Decoder's (fp32)."""
+    """A 13-token prompt, then three one-token steps, each row's logits against the eager Decoder's
+    (fp32); Gemma 3's windowed layers see 12 keys, so the prompt's last rows and the steps are cut."""
     target, _ = tiny_pair(tiny_spec(arch, rotary_dim=rotary), seed=0)
     fused, eager = LogicalTorchEngine(target), TorchEngine(target)
     caches = [fused.new_cache(32), eager.new_cache(32)]
-    ids = torch.randint(0, target.spec.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
-    for lo, hi in ((0, 9), (9, 10), (10, 11), (11, 12)):
+    ids = torch.randint(0, target.spec.vocab_size, (1, 16), generator=torch.Generator().manual_seed(2))
+    for lo, hi in ((0, 13), (13, 14), (14, 15), (15, 16)):
         t = hi - lo
         mask = torch.ones(1, t, hi, dtype=torch.bool)
         mask[0, :, lo:] = torch.ones(t, t, dtype=torch.bool).tril()

@@ -7,15 +7,15 @@ logical step (engines/logical_engine.py) is kept by construction.
 
 - `add_rms_norm`: the residual add and the RMSNorm after it in one pass (fp32 statistics as
   export/model.py's RMSNorm, the sum rounded to the model's dtype as torch's own add rounds it).
-- `silu_mul`: SiLU(gate) times up over a joined gate/up product's output, each rounded as torch
-  rounds them (silu to the dtype, then the product).
+- `act_mul`: SiLU(gate) (or gelu's tanh form: Gemma's GeGLU) times up over a joined gate/up
+  product's output, each rounded as torch rounds them (the activation to the dtype, then the product).
 - `rope_write` (all of a row's heads in one program): a joined q/k/v product's output to rotated queries, and its keys (rotated) and
   values written straight into the KV pool's rows (a Qwen3 q/k norm before the rotary, partial
   rotary as the config says); the rotary's products and sum rounded one by one as torch's eager
   `q * cos + rotate_half(q) * sin` rounds them.
 
 Each rounds where export/model.py's torch ops round; only the sum of squares inside a norm is
-reduced in another order than torch's, so outputs are close to the eager Decoder's, not its bits
+reduced in another order than torch's (and SiLU's and tanh's exp is Triton's), so outputs are close to the eager Decoder's, not its bits
 (tests/e2e/test_fused_step.py measures both). Triton is needed only where they run (a GPU, or the
 CPU's interpreter under TRITON_INTERPRET=1 in the tests), compiled on first use.
 """
@@ -77,14 +77,19 @@ def _define() -> dict:
         tl.store(out_ptr + at, _scaled(y, w_ptr, cols, live, OFFSET, FP32_SCALE, dtype), mask=live)
 
     @triton.jit
-    def silu_mul_kernel(gu_ptr, out_ptr, rows, inter, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    def act_mul_kernel(gu_ptr, out_ptr, rows, inter, TANH_GELU: tl.constexpr, ROWS: tl.constexpr,
+                       BLOCK: tl.constexpr):
         row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
         cols = (tl.program_id(1) * BLOCK + tl.arange(0, BLOCK))[None, :]
         live = (row < rows) & (cols < inter)
         g = tl.load(gu_ptr + row * 2 * inter + cols, mask=live, other=0.0)
         u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=live, other=0.0)
         g32 = g.to(tl.float32)
-        s = _round(g32 / (1.0 + tl.exp(-g32)), g.dtype)
+        if TANH_GELU:                    # Gemma's GeGLU: gelu's tanh form, tanh(z) = 2 sigmoid(2z) - 1
+            z = 0.7978845608028654 * (g32 + 0.044715 * g32 * g32 * g32)
+            s = _round(0.5 * g32 * (2.0 / (1.0 + tl.exp(-2.0 * z))), g.dtype)
+        else:
+            s = _round(g32 / (1.0 + tl.exp(-g32)), g.dtype)
         tl.store(out_ptr + row * inter + cols, _round(s.to(tl.float32) * u.to(tl.float32), g.dtype), mask=live)
 
     @triton.jit
@@ -125,7 +130,7 @@ def _define() -> dict:
         tl.store(v_ptr + slot * sv_s + (hd - H - HKV) * sv_h + at * sv_p + d, x.to(v_ptr.dtype.element_ty),
                  mask=live & (hd >= H + HKV))
 
-    return dict(norm=norm_kernel, silu_mul=silu_mul_kernel, rope_write=rope_write_kernel)
+    return dict(norm=norm_kernel, act_mul=act_mul_kernel, rope_write=rope_write_kernel)
 
 
 def _pow2(n: int) -> int:
@@ -159,14 +164,16 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor | None, norm) -> tuple[torch.T
     return total, out
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of a joined [.., 2I] product's output (gate first): [.., I]."""
+def act_mul(gate_up: torch.Tensor, tanh_gelu: bool = False) -> torch.Tensor:
+    """act(gate) * up of a joined [.., 2I] product's output (gate first): [.., I]; act SiLU, or
+    gelu's tanh form (Gemma's GeGLU)."""
     inter = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * inter)
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, _pow2(inter))
     per = _rows(block)
-    _kernels()["silu_mul"][(-(-rows // per), -(-inter // block))](gate_up, out, rows, inter, ROWS=per, BLOCK=block)
+    _kernels()["act_mul"][(-(-rows // per), -(-inter // block))](gate_up, out, rows, inter, TANH_GELU=tanh_gelu,
+                                                                  ROWS=per, BLOCK=block)
     return out
 
 

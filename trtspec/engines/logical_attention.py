@@ -49,7 +49,7 @@ def _kernels():
     def split_kernel(q_ptr, k_ptr, v_ptr, slot_ptr, prefix_ptr, tail_ptr, ntail_ptr,
                      m_ptr, l_ptr, acc_ptr,
                      sq_r, sq_h, sk_s, sk_h, sk_p, sv_s, sv_h, sv_p, st_r,
-                     scale, NSPLIT: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                     scale, window, NSPLIT: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
                      CHUNK: tl.constexpr, SPLIT: tl.constexpr, MAXTAIL: tl.constexpr,
                      LOGICAL: tl.constexpr):
         row, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -61,6 +61,7 @@ def _kernels():
         else:                          # physical: every row up to the step's last, masked in place
             total = c + MAXTAIL
         lo = split * SPLIT
+        first = tl.maximum(total - tl.where(window > 0, window, total), 0)   # a sliding window: its last keys
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         out = (row * (NSPLIT * tl.num_programs(1)) + split * tl.num_programs(1) + kvh) * GP + g
@@ -72,10 +73,10 @@ def _kernels():
         kbase = k_ptr + slot * sk_s + kvh * sk_h
         vbase = v_ptr + slot * sv_s + kvh * sv_h
         hi = tl.minimum(lo + SPLIT, total)
-        for start in range(lo, hi, CHUNK):
+        for start in range(tl.maximum(lo, first // CHUNK * CHUNK), hi, CHUNK):     # chunks before `first`: none
             pos = start + tl.arange(0, CHUNK)
             if LOGICAL:
-                live = pos < total
+                live = (pos < total) & (pos >= first)
                 t = tl.load(tail_ptr + row * st_r + (pos - c), mask=live & (pos >= c), other=0)
                 phys = tl.where(pos < c, pos, t).to(tl.int64)
             else:
@@ -135,7 +136,7 @@ _SPLIT_KERNEL = _COMBINE_KERNEL = None
 def logical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: torch.Tensor,
                       prefix: torch.Tensor, tail: torch.Tensor, ntail: torch.Tensor,
                       chunk: int = CHUNK, split: int = SPLIT, order: str = "logical",
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, scale: float | None = None, window: int = 0) -> torch.Tensor:
     """Attention of R rows over their slots' KV, in logical order.
 
     q [R, H, D] (the rows' queries after rotary, the model's dtype); k, v [slots, Hkv, S, D] (one
@@ -143,9 +144,12 @@ def logical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: t
     KV slot), prefix [R] (its committed length c: rows 0..c-1 are its first keys), tail [R, MAXTAIL]
     (the rows of its keys after the prefix in logical order: ancestors by depth, then itself; row
     indices into the slot, -1 past ntail), ntail [R]. A row with no key (a padding row) gives zeros.
-    Returns [R, H, D] in q's dtype. `order="physical"`: rows c .. c+MAXTAIL-1 as they lie, those not
-    in the row's tail masked in place (for tests: the order people write, which is not exact)."""
-    assert order in ("logical", "physical") and split % chunk == 0
+    Returns [R, H, D] in q's dtype. `scale`: the scores' (default D^-1/2); `window` > 0: each row sees
+    its last `window` keys in logical order (itself included: a sliding-window layer, as
+    export/model.py's window_mask counts them), the same positions the same token sees decoded alone.
+    `order="physical"`: rows c .. c+MAXTAIL-1 as they lie, those not in the row's tail masked in place
+    (for tests: the order people write, which is not exact)."""
+    assert order in ("logical", "physical") and split % chunk == 0 and (window == 0 or order == "logical")
     split_kernel, combine_kernel = _kernels()
     r, h, d = q.shape
     hkv, cap = k.shape[1], k.shape[2]
@@ -163,7 +167,7 @@ def logical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: t
     split_kernel[(r, hkv, nsplit)](q, k, v, slot, prefix, tail, ntail, m, lsum, acc,
                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
                                    v.stride(0), v.stride(1), v.stride(2), tail.stride(0),
-                                   1.0 / math.sqrt(d), NSPLIT=nsplit, G=g, GP=gp, D=d, CHUNK=chunk,
+                                   1.0 / math.sqrt(d) if scale is None else scale, window, NSPLIT=nsplit, G=g, GP=gp, D=d, CHUNK=chunk,
                                    SPLIT=split, MAXTAIL=maxtail, LOGICAL=logical)
     combine_kernel[(r, hkv)](m, lsum, acc, prefix, ntail, out, out.stride(0), out.stride(1),
                              NSPLIT=nsplit, G=g, GP=gp, D=d, SPLIT=split, MAXTAIL=maxtail, LOGICAL=logical)

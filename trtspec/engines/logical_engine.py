@@ -44,9 +44,6 @@ class LogicalTorchEngine(TorchEngine):
         if importlib.util.find_spec("triton") is None:
             raise ConfigError("exactness: logical runs a Triton kernel and triton is not installed; "
                               "pip install triton (it comes with torch's CUDA builds), or set exactness: fixed-fp64")
-        if any(layer.windowed for layer in model.model.layers):
-            raise ConfigError(f"exactness: logical has no sliding windows yet ({model.spec.arch} has windowed layers); "
-                              "set exactness: fixed-fp64 for this model")
         super().__init__(model, device)
         self.joined = join(self.model)            # q/k/v and gate/up as one product each (fused_step.py)
         self.cuda_graphs = cuda_graphs and str(device).startswith("cuda") and torch.cuda.is_available()
