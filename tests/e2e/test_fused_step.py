@@ -155,7 +155,7 @@ def _kernels_per_step(arch: str, layers: int, fused: bool, monkeypatch) -> int:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_at_most_ten_kernels_a_layer(arch, monkeypatch):
-    per_layer = {fused: (_kernels_per_step(arch, 4, fused, monkeypatch) - _kernels_per_step(arch, 2, fused, monkeypatch)) / 2
-                 for fused in (True, False)}
+    per_layer = {fused: (_kernels_per_step(arch, 4, fused, monkeypatch)
+                         - _kernels_per_step(arch, 2, fused, monkeypatch)) / 2 for fused in (True, False)}
     assert per_layer[True] <= 10, per_layer
     assert per_layer[False] > 20, per_layer              # the count sees what a layer of many kernels is

@@ -9,15 +9,16 @@ logical step (engines/logical_engine.py) is kept by construction.
   export/model.py's RMSNorm, the sum rounded to the model's dtype as torch's own add rounds it).
 - `act_mul`: SiLU(gate) (or gelu's tanh form: Gemma's GeGLU) times up over a joined gate/up
   product's output, each rounded as torch rounds them (the activation to the dtype, then the product).
-- `rope_write` (all of a row's heads in one program): a joined q/k/v product's output to rotated queries, and its keys (rotated) and
-  values written straight into the KV pool's rows (a Qwen3 q/k norm before the rotary, partial
-  rotary as the config says); the rotary's products and sum rounded one by one as torch's eager
-  `q * cos + rotate_half(q) * sin` rounds them.
+- `rope_write` (all of a row's heads in one program): a joined q/k/v product's output to rotated
+  queries, and its keys (rotated) and values written straight into the KV pool's rows (a Qwen3 q/k
+  norm before the rotary, partial rotary as the config says); the rotary's products and sum
+  rounded one by one as torch's eager `q * cos + rotate_half(q) * sin` rounds them.
 
 Each rounds where export/model.py's torch ops round; only the sum of squares inside a norm is
-reduced in another order than torch's (and SiLU's and tanh's exp is Triton's), so outputs are close to the eager Decoder's, not its bits
-(tests/e2e/test_fused_step.py measures both). Triton is needed only where they run (a GPU, or the
-CPU's interpreter under TRITON_INTERPRET=1 in the tests), compiled on first use.
+reduced in another order than torch's (and the exp inside SiLU and tanh is Triton's), so outputs are
+close to the eager Decoder's, not its bits (tests/e2e/test_fused_step.py measures both). Triton is
+needed only where they run (a GPU, or the CPU's interpreter under TRITON_INTERPRET=1 in the tests),
+compiled on first use.
 """
 from __future__ import annotations
 

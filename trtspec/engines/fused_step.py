@@ -8,11 +8,13 @@ layer on a GPU:
     a sliding window by logical position) . o_proj . add + RMSNorm . gate/up as one product
     . SiLU * up (fused_blocks; Gemma's GeGLU) . down_proj
 
-(Gemma's sandwich norms add two norm kernels) and, once a step, the LM head on the logit rows only. A joined product is the separate products'
-columns side by side: each output column is the same dot product over the same row (products stay
-without split-K, engines/exact.py), and every other kernel reduces within one row, so a tree row's
-arithmetic is still the same token's decoded alone. MoE layers keep their own module for the
-feed-forward half.
+(Gemma's sandwich norms add two norm kernels) and, once a step, the LM head on the logit rows
+only. A joined product is the separate products' columns side by side, run like every product at
+the step bucket's one shape and without split-K (engines/exact.py), and every other kernel reduces
+within one row, so a tree row's arithmetic is still the same token's decoded alone (its last bits
+may differ from the separate products' where a GPU picks other tiles: outputs equal the eager
+Decoder's within tolerance, not bit for bit). MoE layers keep their own module for the feed-forward
+half.
 
 `join(model)` joins the weights in place: q_proj / k_proj / v_proj (gate_proj / up_proj) become
 views into one tensor, so the Decoder's own forward reads the same values and no second copy of the

@@ -167,8 +167,8 @@ def logical_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot: t
     split_kernel[(r, hkv, nsplit)](q, k, v, slot, prefix, tail, ntail, m, lsum, acc,
                                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
                                    v.stride(0), v.stride(1), v.stride(2), tail.stride(0),
-                                   1.0 / math.sqrt(d) if scale is None else scale, window, NSPLIT=nsplit, G=g, GP=gp, D=d, CHUNK=chunk,
-                                   SPLIT=split, MAXTAIL=maxtail, LOGICAL=logical)
+                                   1.0 / math.sqrt(d) if scale is None else scale, window, NSPLIT=nsplit, G=g,
+                                   GP=gp, D=d, CHUNK=chunk, SPLIT=split, MAXTAIL=maxtail, LOGICAL=logical)
     combine_kernel[(r, hkv)](m, lsum, acc, prefix, ntail, out, out.stride(0), out.stride(1),
                              NSPLIT=nsplit, G=g, GP=gp, D=d, SPLIT=split, MAXTAIL=maxtail, LOGICAL=logical)
     return out
