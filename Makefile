@@ -4,13 +4,14 @@
 #   make test-fast          venv + installs, then the unit and integration tiers (< 5 min on 2 cores)
 #   make llama-cpp          (benchmarks only) llama-server (+ llama-perplexity, -tokenize, -bench) from source
 #   make device-wheels      (GPU device check only) the wheels an air-gapped GPU box lacks (docs/gpu.md)
+#   make device-model       (GPU device check only) SmolLM2-135M's GGUF in parts the device tool carries (docs/gpu.md)
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 PROMPT  ?= Write a Python function that returns the n-th Fibonacci number.
 ARGS    ?=
 
-.PHONY: run test test-fast test-packs install demo-packs llama-cpp FORCE
+.PHONY: run test test-fast test-packs install demo-packs llama-cpp device-wheels device-model FORCE
 
 $(BIN)/trtspec: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -52,6 +53,19 @@ device-wheels: install
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d $(DEVICE_WHEELS) -r requirements/device.txt
 	@du -sh $(DEVICE_WHEELS)
+
+# The device check's `real` section (lab/device_check/real.py) on SmolLM2-135M: its data package's GGUF
+# (94 MB) in parts of DEVICE_PART bytes, one folder each (.device-model-0/, -1/, ...): the device tool
+# carries at most 64 MiB a call with the working tree (~40 MB), so one part a call, each copied aside
+# there, and the last call joins them (docs/gpu.md). Ignored folders.
+DEVICE_PART ?= 20000000
+
+device-model: test-packs
+	rm -rf .device-model-*
+	f=$$($(BIN)/python -c "from lab.device_check.real import default_gguf; print(default_gguf())") && \
+	  split -b $(DEVICE_PART) -d -a 1 "$$f" .device-model-part-
+	for p in .device-model-part-*; do n=$${p##*-}; mkdir -p .device-model-$$n && mv $$p .device-model-$$n/part-$$n; done
+	@du -sh .device-model-*
 
 # llama.cpp's llama-server, the CPU peer of `trtspec bench --peers llama.cpp,llama.cpp-spec` (with
 # llama-perplexity, llama-tokenize and llama-bench: tools/perplexity.py, docs/benchmarks.md): built

@@ -12,8 +12,9 @@ import click
 
 from trtspec.export.packs import write_atomic
 
-SECTIONS = ("machine", "exact", "costs", "settings", "profile", "e2e")
-SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "settings": 0.05, "profile": 0.05, "e2e": 0.15}
+SECTIONS = ("machine", "exact", "costs", "settings", "profile", "e2e", "real")
+SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "settings": 0.05, "profile": 0.05, "e2e": 0.15, "real": 0.15}
+DEFAULT = SECTIONS[:-1]        # `real` runs when named: its GGUF is carried to the box separately (docs/gpu.md)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,17 +24,21 @@ SHARES = {"machine": 0.05, "exact": 0.45, "costs": 0.3, "settings": 0.05, "profi
 @click.option("--device", default=None, help="Default: cuda when a GPU is visible; otherwise --tiny is required.")
 @click.option("--budget-s", default=480, type=click.IntRange(30), show_default=True,
               help="Wall-clock budget: each section gets its share and stops starting work past it.")
-@click.option("--sections", default=",".join(SECTIONS), show_default=True,
-              help="Comma-separated subset, run in this order.")
+@click.option("--sections", default=",".join(DEFAULT), show_default=True,
+              help=f"Comma-separated, run in this order; of {', '.join(SECTIONS)}.")
 @click.option("--trees", default=None, type=click.IntRange(1),
               help="Random trees per exactness run (default: up to 1,000 on a GPU, 40 tiny, fewer for the "
                    "settings that differ).")
-def main(out_dir, tiny, device, budget_s, sections, trees):
+@click.option("--gguf", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="The real model of the `real` section (default: SmolLM2-135M's data package where installed; "
+                   "docs/gpu.md carries it to a GPU box in parts).")
+def main(out_dir, tiny, device, budget_s, sections, trees, gguf):
     """What the CUDA path does, measured, in one unattended run: the card and its ceilings, exactness
     per setting (trees bit for bit, every strategy vs ar, batches, CUDA graphs vs eager, a
     chi-square), the step-cost curve of an 8B-shaped target, what each exactness setting costs it,
     where its one-token step's time goes (kernels, profiled), and the whole loop with forced
-    acceptance. Each section is bounded in time; a failing one is one line in the report and the run
+    acceptance, and a real model's GGUF under the product's settings (`real`). Each section is
+    bounded in time; a failing one is one line in the report and the run
     goes on. Exit 0 when every section ran (its findings are in the report), 1 otherwise."""
     import torch
 
@@ -62,7 +67,7 @@ def main(out_dir, tiny, device, budget_s, sections, trees):
         deadline = now + max(0.0, left * SHARES[name] / share_left)
         share_left -= SHARES[name]
         click.echo(f"device_check: {name} (until +{deadline - start:.0f} s of {budget_s} s)", err=True)
-        res["sections"][name] = sec = run_section(name, device, tiny, deadline, trees)
+        res["sections"][name] = sec = run_section(name, device, tiny, deadline, trees, gguf)
         ok &= "error" not in sec
         if "error" in sec:
             click.echo(f"device_check: {name} FAILED: {sec['error']}", err=True)
@@ -73,7 +78,8 @@ def main(out_dir, tiny, device, budget_s, sections, trees):
     sys.exit(0 if ok else 1)
 
 
-def run_section(name: str, device: str, tiny: bool, deadline: float, trees: int | None) -> dict:
+def run_section(name: str, device: str, tiny: bool, deadline: float, trees: int | None,
+                gguf: str | None = None) -> dict:
     t0 = time.monotonic()
     try:
         if name == "machine":
@@ -91,9 +97,14 @@ def run_section(name: str, device: str, tiny: bool, deadline: float, trees: int 
         elif name == "profile":
             from .profile import profile
             result = profile(device, tiny, deadline)
-        else:
+        elif name == "e2e":
             from .e2e import e2e
             result = e2e(device, tiny, deadline)
+        else:
+            from .real import real
+            result = real(device, tiny, deadline, gguf, trees)
+            if "skipped" in result:
+                return {"seconds": round(time.monotonic() - t0, 1), "skipped": result["skipped"]}
         return {"seconds": round(time.monotonic() - t0, 1), "result": result}
     except Exception as e:                       # noqa: BLE001 - one line in the report, the run goes on
         import traceback

@@ -36,23 +36,7 @@ def _exact(e: dict, _res) -> list[str]:
            "| graphs = eager | s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for arch, runs in e["archs"].items():
-        for name, r in runs.items():
-            if name == "model":
-                continue
-            if "skipped" in r or "trees" not in r:
-                out.append(f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | | | |")
-                continue
-            t = r["trees"]
-            s = r.get("strategies", {})
-            batch = "/".join(str(v) for v in r.get("batch", {}).values())
-            sb, fd = r.get("sampled_batch", {}), r.get("sampled_batch_fixed_draft")
-            sampled = f"{sb['differ']} of {sb['requests']}" if sb else ""
-            sampled += f" ({fd['differ']} with a fixed-row draft)" if fd else ""
-            out.append(f"| {arch} | {name} | {t.get('run', '?')}: {t['differ']} / {t['nodes']} "
-                       f"(max Δ {t['max_abs_diff']:.3g}) | "
-                       f"{len(s.get('differ', []))} of {s.get('checked', 0) * s.get('prompts', 0)} | {batch} | "
-                       f"{sampled} | {_rows(r.get('batch_rows'))} | {r.get('graphs_equal_eager', '')} | "
-                       f"{r.get('seconds', '')} |")
+        out += [_run_row(arch, name, r) for name, r in runs.items() if name != "model"]
     if c := e.get("chi_square"):
         out += ["", f"Sampled `staged` (fixed): first token over {c['samples']} samples vs the target's "
                 f"distribution, chi-square p = {c['p_value']:.3g} — {'passes' if c['passes'] else 'FAILS'} (p > 0.001)."]
@@ -63,6 +47,33 @@ def _exact(e: dict, _res) -> list[str]:
         out += [f"| {name} | {len(r['strategies_differ'])} of {r['checked']} | {r['batch4_differ']} of 4 | "
                 f"{r['root_named']} steps |" for name, r in h.items()]
     return out
+
+
+def _run_row(arch: str, name: str, r: dict) -> str:
+    """One exactness run (exact.py `check`) as a row of the `exact` table."""
+    if "skipped" in r or "trees" not in r:
+        return f"| {arch} | {name} | {r.get('skipped', r.get('error', '?'))} | | | | | | |"
+    t = r["trees"]
+    s = r.get("strategies", {})
+    batch = "/".join(str(v) for v in r.get("batch", {}).values())
+    sb, fd = r.get("sampled_batch", {}), r.get("sampled_batch_fixed_draft")
+    sampled = f"{sb['differ']} of {sb['requests']}" if sb else ""
+    sampled += f" ({fd['differ']} with a fixed-row draft)" if fd else ""
+    return (f"| {arch} | {name} | {t.get('run', '?')}: {t['differ']} / {t['nodes']} "
+            f"(max Δ {t['max_abs_diff']:.3g}) | "
+            f"{len(s.get('differ', []))} of {s.get('checked', 0) * s.get('prompts', 0)} | {batch} | "
+            f"{sampled} | {_rows(r.get('batch_rows'))} | {r.get('graphs_equal_eager', '')} | {r.get('seconds', '')} |")
+
+
+def _real(e: dict, _res) -> list[str]:
+    m = e["model"]
+    out = [f"{m['file']} ({m['arch']}, {m['layers']} layers, hidden {m['hidden']}, vocab {m['vocab']}), {m['dtype']}, "
+           f"read by trtspec's GGUF loader in {m['load_s']} s; its own draft; random token prompts.", "",
+           "| model | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
+           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed rows) "
+           "| graphs = eager | s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    return out + [_run_row(m["arch"], name, r) for name, r in e["runs"].items()]
 
 
 def _rows(rows: dict | None) -> str:
@@ -185,4 +196,4 @@ def _e2e(e: dict, _res) -> list[str]:
 
 
 SECTIONS = {"machine": _machine, "exact": _exact, "costs": _costs, "settings": _settings, "profile": _profile,
-            "e2e": _e2e}
+            "e2e": _e2e, "real": _real}

@@ -123,3 +123,58 @@ def test_a_failing_section_is_one_line_and_the_run_goes_on(tmp_path, monkeypatch
     data = json.loads((tmp_path / "device_check.json").read_text())
     assert "error" in data["sections"]["machine"] and "result" in data["sections"]["costs"]
     assert "FAILED: ZeroDivisionError" in (tmp_path / "device_check.md").read_text()
+
+
+def _tiny_gguf(path) -> None:
+    """A 2-layer llama GGUF of random f32 weights (the layout llama.cpp's converter writes)."""
+    import gguf
+    import numpy as np
+    rng = np.random.default_rng(0)
+    hidden, inter, vocab, heads, kv, layers = 64, 96, 97, 4, 2, 2
+    d = hidden // heads
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(d)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    w.add_eos_token_id(2)
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        shapes.update({f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (kv * d, hidden),
+                       f"blk.{i}.attn_v.weight": (kv * d, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
+                       f"blk.{i}.ffn_gate.weight": (inter, hidden), f"blk.{i}.ffn_up.weight": (inter, hidden),
+                       f"blk.{i}.ffn_down.weight": (hidden, inter), f"blk.{i}.attn_norm.weight": (hidden,),
+                       f"blk.{i}.ffn_norm.weight": (hidden,)})
+    for name, shape in shapes.items():
+        a = 1.0 + 0.1 * rng.standard_normal(shape) if len(shape) == 1 else 0.3 * rng.standard_normal(shape)
+        w.add_tensor(name, a.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_real_model_from_its_gguf(tmp_path):
+    """`--sections real --gguf F`: the GGUF read by trtspec's loader, the exact section's checks on it
+    under the product's setting (on a GPU: SmolLM2 carried in parts, docs/gpu.md); the default
+    sections leave it out."""
+    path = tmp_path / "tiny.gguf"
+    _tiny_gguf(path)
+    out = tmp_path / "dc"
+    res = CliRunner().invoke(main, ["--out", str(out), "--tiny", "--device", "cpu", "--sections", "real",
+                                    "--gguf", str(path)])
+    assert res.exit_code == 0, res.output
+    sec = json.loads((out / "device_check.json").read_text())["sections"]["real"]["result"]
+    assert sec["model"]["layers"] == 2 and sec["model"]["vocab"] == 97
+    run = sec["runs"]["fixed-fp64"]
+    assert run["trees"]["run"] == 3 and run["trees"]["differ"] == 0 and run["trees"]["nodes"] > 10, run["trees"]
+    assert run["strategies"]["differ"] == [] and run["strategies"]["checked"] > 5, run["strategies"]
+    assert set(run["batch"].values()) == {0} and run["sampled_batch"]["differ"] == 0
+    assert "| llama | fixed-fp64 | 3: 0 /" in (out / "device_check.md").read_text()
