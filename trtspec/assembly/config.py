@@ -79,9 +79,9 @@ class ModelEntry(Strict):
     # logits of one-token forwards (docs/design.md, "Exact attention").
     activations: Literal["auto", "fp32", "int8"] = "auto"
     # A target's exact attention (onnxruntime, quantized, int8 activations): auto = fp64 (attention
-    # and KV in fp64: measured fastest here for trees); logical = each row's keys in logical order
-    # in fp32 (exact by construction, half the KV memory; as fast for one-token steps, slower for
-    # trees over long contexts: docs/benchmarks.md, "Exact attention without fp64").
+    # and KV in fp64); logical = each row's keys in logical order in fp32 (exact by construction,
+    # half the KV memory; one-token steps 0-5% slower at 256 cached, trees faster past ~1k cached:
+    # docs/benchmarks.md, "Exact attention without fp64" and the sessions after it).
     attention: Literal["auto", "fp64", "logical"] = "auto"
     # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
     # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another

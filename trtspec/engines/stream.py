@@ -101,6 +101,37 @@ def export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str = False,
     return graph, refs
 
 
+def optimize(model) -> None:
+    """onnxscript's optimizer over an exported graph, in place: optimize_ir's own passes less one
+    rewrite rule, SlicesSplit (several Slices of one tensor as one Split). It never fired on our
+    graphs (no Split with it; the same graph without it, tests/e2e/test_onnx_optimize.py)
+    and matches multi-output patterns over the whole graph for each node, so its time grows with the
+    square of the graph: 90% of the rewriter's time, and 320 s of the logical-order 1.5B target's
+    540 s export (py-spy, 2026-12-07). Where this onnxscript lays its passes out otherwise,
+    optimize_ir itself."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common
+    import onnxscript.optimizer
+    from onnxscript import rewriter
+    try:
+        from onnxscript.optimizer import _constant_folding as fold
+        rules = [r for r in rewriter._DEFAULT_REWRITE_RULES if getattr(r, "name", None) != "SlicesSplit"]
+        limits = fold.DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT, fold.DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT
+    except (ImportError, AttributeError):
+        onnxscript.optimizer.optimize_ir(model)
+        return
+    loop = ir.passes.PassManager([fold.FoldConstantsPass(shape_inference=True, input_size_limit=limits[0],
+                                                         output_size_limit=limits[1], should_fold=lambda node: None),
+                                  rewriter.RewritePass(rules), common.RemoveUnusedNodesPass(),
+                                  common.RemoveUnusedFunctionsPass(), common.RemoveUnusedOpsetsPass()],
+                                 steps=2, early_stop=True)
+    ir.passes.Sequential(common.InlinePass(), loop, common.RemoveUnusedNodesPass(),
+                         common.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0),
+                         common.LiftSubgraphInitializersToMainGraphPass(), common.DeduplicateInitializersPass(),
+                         common.CommonSubexpressionEliminationPass(), common.OutputFixPass(),
+                         common.NameFixPass())(model)
+
+
 def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int, hidden: bool = False,
                   fused: tuple[str, ...] = ()) -> Path:
     """Where the graph cache keeps this export: keyed by everything that shapes it, the code included."""
@@ -118,7 +149,6 @@ def _cached_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset:
 
 def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset: int,
                   hidden: bool = False, fused: tuple[str, ...] = ()) -> tuple[onnx.ModelProto, dict[str, Ref]]:
-    import onnxscript.optimizer
     from torch._subclasses.fake_tensor import FakeTensor
 
     from ..export.onnx_export import _quiet_exporter, _sample_inputs, _Step, fix_interface
@@ -142,7 +172,7 @@ def _export_graph(spec: ModelSpec, dtype: torch.dtype, exact: bool | str, opset:
             if isinstance(getattr(v.const_value, "raw", None), FakeTensor):
                 weights[name] = (tuple(int(d) for d in v.shape), int(v.dtype))
                 v.const_value = None                  # the optimizer folds around it, never into it
-        onnxscript.optimizer.optimize_ir(program.model)
+        optimize(program.model)
         import onnx_ir as ir
         proto = ir.serde.serialize_model(program.model)   # value-less initializers are left out
     del program
