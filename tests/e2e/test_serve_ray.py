@@ -231,7 +231,9 @@ def test_a_killed_replica_leaves_no_request_hanging(ray_server, solo):
                                             extra_body=spec("ar") | {"ignore_eos": True}).choices[0].text
 
     def one(_):
-        with httpx.stream("POST", ray_server.url + "/completions", timeout=60,
+        # A queued stream's headers come when it gets a slot, after a running 2,000-token stream: on a
+        # loaded CI machine that took over 60 s (2026-12-07), so the read may wait 240 s; none hangs past 300
+        with httpx.stream("POST", ray_server.url + "/completions", timeout=httpx.Timeout(60, read=240),
                           headers={"Authorization": f"Bearer {KEY}"},
                           json=dict(model=MODEL, prompt="x", max_tokens=n, temperature=0, stream=True,
                                     ignore_eos=True, speculative={"strategy": "ar"})) as r:
@@ -249,7 +251,7 @@ def test_a_killed_replica_leaves_no_request_hanging(ray_server, solo):
         futures = [pool.submit(one, i) for i in range(8)]
         time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
-        outcomes = [f.result(timeout=120) for f in futures]     # none hangs
+        outcomes = [f.result(timeout=300) for f in futures]     # none hangs
     failed = [o for o in outcomes if o == "replica_failed"]
     assert 1 <= len(failed) <= 2, outcomes                    # the victim's running streams, no others
     assert all(o == want for o in outcomes if o != "replica_failed")
