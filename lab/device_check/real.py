@@ -57,7 +57,7 @@ def real(device: str, tiny: bool, deadline: float, gguf: str | None = None, tree
     spec, state = load_gguf(path, dtype)
     model = Decoder.from_state(spec, state, dtype).to(device)
     del state
-    z = {**sizes(tiny), "samples": 0}
+    z = sizes(tiny)
     out: dict = {"model": {"file": path.name, "arch": spec.arch, "layers": spec.num_layers,
                            "hidden": spec.hidden_size, "vocab": spec.vocab_size, "dtype": str(dtype)[6:],
                            "load_s": round(time.monotonic() - t0, 1)},

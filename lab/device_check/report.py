@@ -31,10 +31,7 @@ def _exact(e: dict, _res) -> list[str]:
            "step shape, the whole KV buffer, no reduced-precision reductions or split-K), fixed-fp64 (and "
            "fp64 attention), logical (fixed's shape, attention in the model's dtype by logical order over the "
            "KV pool in place: engines/logical_engine.py); `+graphs`: the same as CUDA graphs.", "",
-           "| arch | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
-           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed rows) "
-           "| graphs = eager | s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           *_run_header("arch")]
     for arch, runs in e["archs"].items():
         out += [_run_row(arch, name, r) for name, r in runs.items() if name != "model"]
     if c := e.get("chi_square"):
@@ -47,6 +44,13 @@ def _exact(e: dict, _res) -> list[str]:
         out += [f"| {name} | {len(r['strategies_differ'])} of {r['checked']} | {r['batch4_differ']} of 4 | "
                 f"{r['root_named']} steps |" for name, r in h.items()]
     return out
+
+
+def _run_header(first: str) -> list[str]:
+    """The columns of _run_row's table."""
+    return [f"| {first} | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 "
+            "mismatches | sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed "
+            "rows) | graphs = eager | s |", "|---|---|---|---|---|---|---|---|---|"]
 
 
 def _run_row(arch: str, name: str, r: dict) -> str:
@@ -69,10 +73,7 @@ def _real(e: dict, _res) -> list[str]:
     m = e["model"]
     out = [f"{m['file']} ({m['arch']}, {m['layers']} layers, hidden {m['hidden']}, vocab {m['vocab']}), {m['dtype']}, "
            f"read by trtspec's GGUF loader in {m['load_s']} s; its own draft; random token prompts.", "",
-           "| model | setting | trees run: nodes differing / nodes | strategies ≠ ar | batch B=1/2/4/8 mismatches "
-           "| sampled, 8 at once ≠ alone | rows in a batch ≠ alone: target; draft (; draft, fixed rows) "
-           "| graphs = eager | s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           *_run_header("model")]
     return out + [_run_row(m["arch"], name, r) for name, r in e["runs"].items()]
 
 

@@ -134,7 +134,8 @@ def _define() -> dict:
     return dict(norm=norm_kernel, act_mul=act_mul_kernel, rope_write=rope_write_kernel)
 
 
-def _pow2(n: int) -> int:
+def pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
     return 1 << max(0, n - 1).bit_length()
 
 
@@ -156,7 +157,7 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor | None, norm) -> tuple[torch.T
     """(x + h, norm(x + h)) over the last axis (h None: (x, norm(x))); `norm`: an export/model.py
     RMSNorm, whose weight and form it applies. x and h contiguous, the same shape and dtype."""
     n = x.shape[-1]
-    rows, block = x.numel() // n, _pow2(n)
+    rows, block = x.numel() // n, pow2(n)
     out = torch.empty_like(x)
     total = torch.empty_like(x) if h is not None else x
     per = _rows(block)
@@ -171,7 +172,7 @@ def act_mul(gate_up: torch.Tensor, tanh_gelu: bool = False) -> torch.Tensor:
     inter = gate_up.shape[-1] // 2
     rows = gate_up.numel() // (2 * inter)
     out = torch.empty(*gate_up.shape[:-1], inter, dtype=gate_up.dtype, device=gate_up.device)
-    block = min(1024, _pow2(inter))
+    block = min(1024, pow2(inter))
     per = _rows(block)
     _kernels()["act_mul"][(-(-rows // per), -(-inter // block))](gate_up, out, rows, inter, TANH_GELU=tanh_gelu,
                                                                   ROWS=per, BLOCK=block)
@@ -191,7 +192,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: t
     q = torch.empty(n, h, d, dtype=q_dtype, device=qkv.device)
     weight, norm = qk_norm if qk_norm is not None else (cos, None)
     flags = _flags(norm) if norm is not None else dict(OFFSET=False, FP32_SCALE=False)
-    np_, dp = _pow2(h + 2 * kv), _pow2(d)
+    np_, dp = pow2(h + 2 * kv), pow2(d)
     per = _rows(np_ * dp)
     _kernels()["rope_write"][(-(-n // per),)](
         qkv, cos, sin, weight, q, k_pool, v_pool, slot, write, n,

@@ -30,6 +30,7 @@ from ..export.model import Decoder
 from ..runtime.kv_cache import KVCache
 from .cuda_graphs import capture
 from .exact import matmul_flags
+from .fused_blocks import pow2
 from .fused_step import fused_step, join
 from .torch_engine import TorchEngine
 
@@ -55,7 +56,7 @@ class LogicalTorchEngine(TorchEngine):
         self.check_room(caches, t)
         pool = caches[0].pool
         assert all(c.pool is pool for c in caches), "one step reads one pool"
-        tail = _pow2(max(c.scratch for c in caches) + t)
+        tail = pow2(max(c.scratch for c in caches) + t)
         key = (b, t, attn_mask.shape[2], r, tail, pool.data_ptr())
         with matmul_flags(self.exact):
             s = self.shapes.get(key) or self._make(key, pool)
@@ -80,10 +81,6 @@ class LogicalTorchEngine(TorchEngine):
         s.body, s.run = body, None
         self.shapes[key] = s
         return s
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class _Shape:
