@@ -328,9 +328,10 @@ def int8_folder(tmp_path_factory):
 
 def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     """int4 target with int8 activations (MatMulNBits accuracy level 4): the build gives it exact
-    attention (fp64 attention and KV), its tree rows equal one-token rows bit for bit over 300 random
-    trees, and every strategy reproduces its `ar`, alone and sharing a batch. The same graph with fp32
-    attention is not exact (the check can fail)."""
+    attention (`attention: auto` = by logical order, KV in fp32), its tree rows equal one-token rows
+    bit for bit over 300 random trees (chunks of 64 keys: trees cross chunk edges), and every strategy
+    reproduces its `ar`, alone and sharing a batch. The same graph with its attention as it lies
+    (physical order) is not exact (the check can fail)."""
     from trtspec.engines.onnxruntime_engine import OrtEngine
     from trtspec.engines.stream import build_graph
     from trtspec.export.tiny import tiny_pair, tiny_spec
@@ -339,10 +340,11 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
 
     folder = int8_folder
     info = verify(folder)["models"]["target"]
-    assert info["attention"] == "fp64" and info["quantize"]["accuracy_level"] == 4
-    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp64"}
+    assert info["attention"] == "logical" and info["quantize"]["accuracy_level"] == 4
+    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp32"}
     res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
     assert res.exit_code == 0, res.output
+    assert "attention  by logical order, in chunks of 64 keys" in res.output
     line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
     assert " 0 of " in line and line.endswith("bit-identical"), line
     alone = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--trees", "3"])
@@ -357,7 +359,7 @@ def test_an_int8_activation_target_is_exact(int8_folder, tmp_path):
     assert lone.exit_code == 2 and "--longest goes with --trees" in lone.output
 
     gen = load_generator(folder)
-    assert gen.target_engine.kv_dtype == torch.float64
+    assert gen.target_engine.kv_dtype == torch.float32
     every_strategy_is_ar(gen, 24)
 
     target, _ = tiny_pair(tiny_spec(**load_config(TINY).target.tiny.model_dump()), seed=0)
@@ -373,7 +375,7 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     """Each family beside llama (test_an_int8_activation_target_is_exact), among them Gemma 3's form
     (tiny:0 as gemma3: a layer over a 12-key window beside a global one) and Qwen3-MoE's (2 of 4
     experts per token, rows of one tree routed to different experts), as int4 targets with int8
-    activations (exact attention): 300 random trees of up to 16 nodes (deeper than
+    activations (exact attention by logical order, the default): 300 random trees of up to 16 nodes (deeper than
     the window) at cached 16-200, each node's logits bit-identical to the same path decoded one token
     at a time; for the two new forms, every strategy reproduces its `ar`, alone and sharing a batch
     (the others' strategies: tests/integration, on tiny pairs of each family)."""
@@ -384,7 +386,7 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "int4", "int8", "int8"
     folder = build_engines(cfg, tmp_path / arch, log=lambda *a, **k: None)
     info = verify(folder)["models"]["target"]
-    assert info["spec"]["arch"] == arch and info["attention"] == "fp64"
+    assert info["spec"]["arch"] == arch and info["attention"] == "logical"
     import onnx                     # a quantized graph runs rotary as ONNX Runtime's own node
     ops = [n.op_type for n in onnx.load(str(next((folder / "target").glob("*.ort.onnx"))),
                                         load_external_data=False).graph.node]
@@ -415,29 +417,28 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_moe"])
-def test_attention_by_logical_order_is_exact_without_fp64(tmp_path, arch):
-    """`attention: logical` (export/model.py Attention.logical): the int8-activation target's KV and
-    attention stay fp32, each row's keys gathered in logical order and reduced in chunks combined in
-    order; its tree rows equal one-token rows bit for bit over 300 random trees at cached 16-488
-    (chunks of 64: trees cross chunk edges; gemma3: deeper than its 12-key window; qwen3_moe: rows
-    routed to different experts), and every strategy reproduces its `ar`, alone and batched. The
-    same chunks summed by ReduceSum are not exact (measured: lab/exact_attention_cpu.py)."""
+def test_attention_in_fp64_is_exact_too(tmp_path, arch):
+    """`attention: fp64` (Decoder.exact_attention, the default before attention by logical order):
+    the int8-activation target's attention and KV run in fp64, so a tree row's logits round to the
+    one-token row's; 0 of the nodes of 300 random trees differ (gemma3: deeper than its 12-key window;
+    qwen3_moe: rows routed to different experts), and every strategy reproduces its `ar`, alone and
+    batched."""
     cfg = load_config(TINY).with_backend("onnxruntime")
     for entry in (cfg.target, cfg.draft):
         entry.tiny.arch = arch
     cfg.target.quantize, cfg.target.activations, cfg.draft.quantize = "int4", "int8", "int8"
-    cfg.target.attention = "logical"
+    cfg.target.attention = "fp64"
     folder = build_engines(cfg, tmp_path / arch, log=lambda *a, **k: None)
     info = verify(folder)["models"]["target"]
-    assert info["attention"] == "logical"
-    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp32"}
+    assert info["attention"] == "fp64"
+    assert {i["dtype"] for i in info["io"]["inputs"] if i["name"].startswith("past_")} == {"fp64"}
     res = CliRunner().invoke(main, ["inspect", "--engines", str(folder), "--compare", "--trees", "300"])
     assert res.exit_code == 0, res.output
-    assert "attention  by logical order, in chunks of 64 keys" in res.output
+    assert "attention  fp64, KV cache fp64" in res.output
     line = next(l for l in res.output.splitlines() if "exactness: 300 random trees" in l)
     assert " 0 of " in line and line.endswith("bit-identical"), line
     gen = load_generator(folder)
-    assert gen.target_engine.kv_dtype == torch.float32
+    assert gen.target_engine.kv_dtype == torch.float64
     every_strategy_is_ar(gen, 24)
 
 

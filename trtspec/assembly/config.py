@@ -78,10 +78,11 @@ class ModelEntry(Strict):
     # faster per step here) gets exact attention (`attention` below), so a tree's rows give the
     # logits of one-token forwards (docs/design.md, "Exact attention").
     activations: Literal["auto", "fp32", "int8"] = "auto"
-    # A target's exact attention (onnxruntime, quantized, int8 activations): auto = fp64 (attention
-    # and KV in fp64); logical = each row's keys in logical order in fp32 (exact by construction,
-    # half the KV memory; one-token steps 0-5% slower at 256 cached, trees faster past ~1k cached:
-    # docs/benchmarks.md, "Exact attention without fp64" and the sessions after it).
+    # A target's exact attention (onnxruntime, quantized, int8 activations): auto = logical (each
+    # row's keys in logical order, in fp32: exact by construction, 56 KiB of KV a token on the default
+    # target); fp64 = attention and KV in fp64 (exact by rounding: twice the KV memory; one-token steps
+    # within 3% of logical's at 256 cached, trees up to 1.3x slower past ~1k cached: docs/benchmarks.md,
+    # "Attention by logical order, the default").
     attention: Literal["auto", "fp64", "logical"] = "auto"
     # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
     # Python's standard library (FR-Spec; engines/head_vocab.py). The draft never proposes another

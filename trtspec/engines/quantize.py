@@ -51,11 +51,11 @@ def exact_attention(role: str, entry) -> str:
     """"fp64" or "logical" where a model's attention must be exact, else "": a quantized target with
     int8 activations, so that each row's attention output does not depend on the rows sharing its
     forward; without it, int8 roundings of o_proj's input turn fp32's ~1e-6 differences into logits
-    0.3-0.7 apart. fp64 (auto): attention and KV in fp64; logical (`attention: logical`): each row's
-    keys in the order sequential decoding reads them, in fp32 (export/model.py Attention.logical)."""
+    0.3-0.7 apart. logical (auto): each row's keys in the order sequential decoding reads them, in
+    fp32 (export/model.py Attention.logical); fp64 (`attention: fp64`): attention and KV in fp64."""
     if not (role == "target" and entry.quantize != "none" and activations(role, entry) == "int8"):
         return ""
-    return "logical" if entry.attention == "logical" else "fp64"
+    return "fp64" if entry.attention == "fp64" else "logical"
 
 
 def fused_experts(spec, mode: str) -> bool:
