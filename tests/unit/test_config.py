@@ -114,6 +114,21 @@ def test_activations_options(tmp_path):
             load_config(write_config(tmp_path, bad))
 
 
+def test_attention_auto_names_the_logical_build(tmp_path, monkeypatch):
+    """An int8-activation target's `attention: auto` is attention by logical order: the same engine
+    folder as `attention: logical`, neither the one of `attention: fp64` nor the one `auto` named when
+    it meant fp64 (its digest left the key out, as it still does where no exact attention applies)."""
+    from trtspec.engines import quantize
+    d = _set(_set(_set(_set(tiny_dict(), "backend", "onnxruntime"), "target.quantize", "int4"),
+                  "draft.quantize", "int8"), "target.activations", "int8")
+    cfg = {a: load_config(write_config(tmp_path, _set(copy.deepcopy(d), "target.attention", a)))
+           for a in ("auto", "logical", "fp64")}
+    digest = {a: c.digest() for a, c in cfg.items()}
+    assert digest["auto"] == digest["logical"] != digest["fp64"]
+    monkeypatch.setattr(quantize, "exact_attention", lambda role, entry: "")
+    assert cfg["auto"].digest() not in digest.values()            # the key left out: the folder of before
+
+
 def test_tree_too_big_for_the_kv_capacity_is_refused_at_load(tmp_path):
     d = _set(tiny_dict(), "strategies.gsd", {"max_draft_nodes": 200, "budget": 8})
     d["max_seq_len"] = 64

@@ -81,7 +81,7 @@ class ModelEntry(Strict):
     # A target's exact attention (onnxruntime, quantized, int8 activations): auto = logical (each
     # row's keys in logical order, in fp32: exact by construction, 56 KiB of KV a token on the default
     # target); fp64 = attention and KV in fp64 (exact by rounding: twice the KV memory; one-token steps
-    # within 3% of logical's at 256 cached, trees up to 1.3x slower past ~1k cached: docs/benchmarks.md,
+    # within 3% of logical's at 256 cached, trees up to 1.35x slower past ~1k cached: docs/benchmarks.md,
     # "Attention by logical order, the default").
     attention: Literal["auto", "fp64", "logical"] = "auto"
     # Drafts on ONNX backends: an LM head over this many tokens, those the build counts most often in
@@ -322,10 +322,15 @@ class Config(Strict):
             keep.pop("heads", None)                   # as folders built before head roles
         for k in ("device", "cuda_graphs", "buckets", "slots", "prefix_cache", "exactness"):   # runtime choices
             keep.pop(k, None)
+        from ..engines.quantize import exact_attention
         from .backends import BACKENDS         # torch quantizes at load; onnxruntime builds it into the graph
         for role in ("target", "draft"):
             if keep.get(role) and (keep[role].get("quantize") == "none" or BACKENDS[self.backend].quantizes_at_load):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
+            # `attention: auto` builds what it resolves to: logical since 2026-12-07 (the folder of
+            # `attention: logical`), where a folder from before, when auto was fp64, is another build
+            if keep.get(role) and keep[role].get("attention") == "auto" and exact_attention(role, getattr(self, role)):
+                keep[role] = {**keep[role], "attention": exact_attention(role, getattr(self, role))}
             for key, default in (("activations", "auto"), ("hidden_rows", False), ("attention", "auto")):   # as before them
                 if keep.get(role) and keep[role].get(key) == default:
                     keep[role] = {k: v for k, v in keep[role].items() if k != key}
