@@ -376,8 +376,8 @@ def test_every_family_is_exact_in_trees(tmp_path, arch):
     (tiny:0 as gemma3: a layer over a 12-key window beside a global one) and Qwen3-MoE's (2 of 4
     experts per token, rows of one tree routed to different experts), as int4 targets with int8
     activations (exact attention by logical order, the default): 300 random trees of up to 16 nodes
-    (deeper than the window) at cached 16-200, each node's logits bit-identical to the same path decoded one token
-    at a time; for the two new forms, every strategy reproduces its `ar`, alone and sharing a batch
+    (deeper than the window) at cached 16-200, each node's logits bit-identical to the same path
+    decoded one token at a time; for the two new forms, every strategy reproduces its `ar`, alone and sharing a batch
     (the others' strategies: tests/integration, on tiny pairs of each family)."""
     from trtspec.export.tiny import tiny_pair, tiny_spec
     cfg = load_config(TINY).with_backend("onnxruntime")

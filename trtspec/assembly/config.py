@@ -329,8 +329,9 @@ class Config(Strict):
                 keep[role] = {k: v for k, v in keep[role].items() if k != "quantize"}
             # `attention: auto` builds what it resolves to: logical since 2026-12-07 (the folder of
             # `attention: logical`), where a folder from before, when auto was fp64, is another build
-            if keep.get(role) and keep[role].get("attention") == "auto" and exact_attention(role, getattr(self, role)):
-                keep[role] = {**keep[role], "attention": exact_attention(role, getattr(self, role))}
+            if keep.get(role) and keep[role].get("attention") == "auto" and (
+                    resolved := exact_attention(role, getattr(self, role))):
+                keep[role] = {**keep[role], "attention": resolved}
             for key, default in (("activations", "auto"), ("hidden_rows", False), ("attention", "auto")):   # as before them
                 if keep.get(role) and keep[role].get(key) == default:
                     keep[role] = {k: v for k, v in keep[role].items() if k != key}
